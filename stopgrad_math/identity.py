@@ -1,0 +1,90 @@
+"""The stop-gradient identity: the one code path that every other piece calls.
+
+A tensor with value ``f`` and derivative ``g`` with respect to ``x`` is
+
+    h = stop(f) − multiply_no_nan(stop(g), stop(x) − x)
+
+The subtracted term is exactly +0.0 in value: ``stop(x) − x`` is +0.0 for every
+finite x (IEEE 754: a − a is +0.0 under round-to-nearest), and
+``multiply_no_nan(g, +0.0)`` is +0.0 even where g is inf or NaN. Subtracting
++0.0 leaves every float unchanged, −0.0, inf and NaN included, so the value is
+``f`` bit for bit. Its derivative is ``g``, and because ``multiply_no_nan``
+also guards the backward product, a zero upstream gradient gives a zero
+gradient even where g is inf.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.eager import record
+
+
+def nothing_records() -> bool:
+    """True when executing eagerly with no GradientTape or ForwardAccumulator.
+
+    Then nothing computed now can ever be differentiated, so the identity can
+    return the value alone.
+    """
+    return tf.executing_eagerly() and not record.could_possibly_record()
+
+
+def _zero_with_slope(x: tf.Tensor, slope_is_negative: bool) -> tf.Tensor:
+    still = tf.stop_gradient(x)
+    zero = still - x if slope_is_negative else x - still
+    # inf − inf is NaN: no op sequence can keep both an exact +0.0 value and a
+    # gradient at a non-finite element, so there the value wins.
+    return tf.where(tf.math.is_finite(still), zero, tf.zeros_like(still))
+
+
+def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:
+    """Returns u = x − stop(x): exactly +0.0 in value, derivative 1 w.r.t. x.
+
+    This is the ``u`` of the identity ``stop(f) + stop(g)·u``, public so that
+    users can write identities of their own.
+
+    Value: +0.0 everywhere, with the shape and dtype of ``x``, also where x
+    is inf or NaN. Derivative: the identity map (reverse and forward mode) at
+    every finite element of x; at an element that is inf or NaN the value is
+    kept and the derivative there is zero, since x − stop(x) would be NaN.
+
+    Args:
+      x: a floating Tensor or tf.Variable.
+
+    Returns:
+      A Tensor of zeros shaped like ``x`` whose gradient w.r.t. ``x`` is 1.
+
+    Example:
+
+    >>> x = tf.constant([1.0, 2.0])
+    >>> with tf.GradientTape() as tape:
+    ...   tape.watch(x)
+    ...   u = zero_with_gradient(x)
+    >>> u.numpy(), tape.gradient(u, x).numpy()
+    (array([0., 0.], dtype=float32), array([1., 1.], dtype=float32))
+    """
+    return _zero_with_slope(tf.convert_to_tensor(x), slope_is_negative=False)
+
+
+def negative_zero_term(g: tf.Tensor, x: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """Returns multiply_no_nan(g, stop(x) − x) in ``dtype``: +0.0, slope −g.
+
+    Broadcasts g against x as multiplication does. The caller subtracts the
+    (reduced) result from the value, which is why the slope is negated: the
+    value stays bit-exact (f − (+0.0) == f) and the derivative is +g.
+    """
+    minus_u = _zero_with_slope(x, slope_is_negative=True)
+    if minus_u.dtype != dtype:
+        minus_u = tf.cast(minus_u, dtype)
+    return tf.math.multiply_no_nan(g, minus_u)
+
+
+def attach(value: tf.Tensor, zero_terms: list[tf.Tensor]) -> tf.Tensor:
+    """Returns value − Σ zero_terms, each term exactly +0.0: the value, bit-exact.
+
+    Each term broadcasts to ``value``'s shape; its gradient flows to the
+    tensors it was built from.
+    """
+    result = value
+    for term in zero_terms:
+        result = result - term
+    return result

@@ -1,0 +1,41 @@
+"""Helpers shared by the test modules: execution modes and derivative probes."""
+
+import numpy as np
+import tensorflow as tf
+
+MODES = ("eager", "function", "xla")
+
+
+def in_mode(fn, mode: str):
+    """Returns fn run eagerly, under tf.function, or under tf.function(jit_compile=True)."""
+    if mode == "eager":
+        return fn
+    return tf.function(fn, jit_compile=(mode == "xla"))
+
+
+def vjp(fn, x, upstream=None):
+    """The gradient of fn at x for the upstream gradient (ones when None)."""
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fn(x)
+    return tape.gradient(y, x, output_gradients=upstream)
+
+
+def jvp(fn, x, tangent):
+    """The forward-mode derivative of fn at x along tangent."""
+    with tf.autodiff.ForwardAccumulator(x, tangent) as acc:
+        y = fn(x)
+    return acc.jvp(y, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+
+def flushes_denormals(dtype: tf.DType, mode: str) -> bool:
+    """Whether one TF subtraction flushes a subnormal of dtype to zero in mode (CPU FTZ/DAZ)."""
+    tiny = np.ones([], dtype=f"uint{8 * dtype.size}").view(dtype.as_numpy_dtype)  # smallest subnormal
+    zero = tf.zeros([], dtype)  # an argument, so that XLA cannot fold the subtraction away
+    return float(in_mode(lambda a, z: a - z, mode)(tf.constant(tiny, dtype), zero)) == 0.0
+
+
+def bits(array) -> np.ndarray:
+    """The raw bit patterns of a float array, so that -0.0 and NaN compare exactly."""
+    array = np.asarray(array)
+    return array.view(f"uint{8 * array.dtype.itemsize}")

@@ -1,0 +1,568 @@
+"""custom_gradient(fx, gx, x): values, derivatives by layout, modes, errors."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+from helpers import MODES, bits, flushes_denormals, in_mode, jvp, vjp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from stopgrad_math import custom_gradient
+
+FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+def log1pexp(x):
+    """Stable value with the exact gradient sigmoid(x) embedded."""
+    return custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x)
+
+
+def assert_vjp_jvp(mode, fn, truth, x, upstream, tangent, rtol=1e-6):
+    """fn's VJP and JVP in `mode` equal autodiff of the stable formula `truth`."""
+    ours_vjp = in_mode(lambda x, w: vjp(fn, x, w), mode)(x, upstream)
+    ours_jvp = in_mode(lambda x, v: jvp(fn, x, v), mode)(x, tangent)
+    np.testing.assert_allclose(ours_vjp, vjp(truth, x, upstream), rtol=rtol, atol=0)
+    np.testing.assert_allclose(ours_jvp, jvp(truth, x, tangent), rtol=rtol, atol=0)
+
+
+# ---------------------------------------------------------------- value
+
+
+AWKWARD = (0.0, -0.0, 1.0, -2.5, np.inf, -np.inf, np.nan, 1e-40, -1e-45, 3e38, 65504.0, 1e-8)
+
+
+def awkward_arrays(shape):
+    elements = st.one_of(st.sampled_from(AWKWARD), st.floats(width=32, allow_nan=False))
+    return hnp.arrays(np.float32, shape, elements=elements)
+
+
+@st.composite
+def value_cases(draw):
+    fx_shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3))
+    x_shape = draw(st.sampled_from([(), fx_shape, fx_shape[1:]]))
+    dtype = draw(st.sampled_from(FLOATS))
+    arrays = [draw(awkward_arrays(shape)) for shape in (fx_shape, fx_shape, x_shape)]
+    return dtype, arrays
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(case=value_cases())
+@settings(max_examples=30)
+def test_value_is_fx_bit_for_bit_whatever_gx_and_x_hold(mode, case):
+    dtype, (fx, gx, x) = case
+    fx, gx, x = (tf.cast(a, dtype) for a in (fx, gx, x))
+
+    def value(fx, gx, x):
+        with tf.GradientTape() as tape:  # a watching tape, so the identity is built
+            tape.watch(x)
+            return custom_gradient(fx, gx, x)
+
+    assert_same_or_flushed(in_mode(value, mode)(fx, gx, x).numpy(), fx.numpy())
+
+
+def assert_same_or_flushed(actual, expected):
+    """Bit-equal, except that a subnormal may come back as the zero of its sign.
+
+    TensorFlow's CPU kernels run with flush-to-zero in some modes (and, under
+    XLA, in some vector lanes only), which no arithmetic op escapes.
+    """
+    subnormal = np.abs(expected.astype(np.float64)) < ml_dtypes.finfo(expected.dtype).smallest_normal
+    subnormal &= expected != 0
+    flushed = np.signbit(actual) == np.signbit(expected)
+    flushed &= actual == 0
+    np.testing.assert_array_equal(bits(actual)[~subnormal], bits(expected)[~subnormal])
+    assert np.all((bits(actual) == bits(expected)) | flushed | ~subnormal)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_subnormal_value_is_exact_or_flushed_as_by_any_tf_arithmetic(mode, dtype):
+    tiny = np.arange(1, 4, dtype=f"uint{8 * dtype.size}").view(dtype.as_numpy_dtype)
+    fx = tf.constant(np.concatenate([tiny, -tiny]), dtype)
+
+    def value(fx):
+        with tf.GradientTape() as tape:
+            tape.watch(fx)
+            return custom_gradient(fx, tf.ones_like(fx), fx)
+
+    out = in_mode(value, mode)(fx).numpy()
+    assert_same_or_flushed(out, fx.numpy())
+    if dtype == tf.float16 or not flushes_denormals(dtype, mode):
+        np.testing.assert_array_equal(bits(out), bits(fx.numpy()))
+
+
+def test_tfp_examples_of_leaking_inf_and_nan_keep_their_value():
+    x = tf.constant([0.0, 4.0])
+    y = tf.constant([np.inf, 1.0])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, y])
+        root = custom_gradient(tf.sqrt(x), 0.5 / tf.sqrt(x), x)
+        ones = custom_gradient(tf.ones(2), tf.ones(2), y)
+        tfp_root = tfp.math.custom_gradient(tf.sqrt(x), 0.5 / tf.sqrt(x), x)
+    np.testing.assert_array_equal(root, [0.0, 2.0])
+    np.testing.assert_array_equal(ones, [1.0, 1.0])
+    assert np.isnan(tfp_root.numpy()).all(), "the anchor's bug this test documents"
+    np.testing.assert_array_equal(tape.gradient(root, x), [np.inf, 0.25])
+
+
+# ---------------------------------------------------------------- derivative by layout
+
+
+def test_weighted_vector_loss_elementwise_where_tfp_is_wrong(mode):
+    x = tf.constant([-1.0, 0.0, 2.0, 100.0])
+    w = tf.constant([1.0, 0.0, 3.0, 0.5])
+    expected = tf.math.sigmoid(x) * w  # [0.27, 0, 2.64, 0.5]
+    ours = in_mode(lambda x, w: vjp(log1pexp, x, w), mode)(x, w)
+    np.testing.assert_allclose(ours, expected, rtol=1e-7)
+    np.testing.assert_allclose(ours, [0.2689414, 0.0, 2.6423912, 0.5], rtol=1e-6)
+    anchor = vjp(lambda x: tfp.math.custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x), x, w)
+    np.testing.assert_allclose(anchor, [0.30, 0.56, 0.99, 1.13], atol=0.01)  # tfp spreads the sum
+    assert_vjp_jvp(mode, log1pexp, tf.math.softplus, x, w, tf.constant([1.0, -2.0, 0.5, 3.0]))
+
+
+def test_elementwise_in_float64_at_x_100_is_exactly_one(mode):
+    x = tf.constant([100.0, 800.0], tf.float64)
+    ours = in_mode(lambda x: vjp(log1pexp, x, None), mode)(x)
+    np.testing.assert_array_equal(ours, [1.0, 1.0])
+
+
+def test_per_row_parameter_broadcast_against_fx(mode):
+    z = tf.reshape(tf.linspace(-1.0, 1.0, 12), [3, 4])
+    b = tf.constant([[0.5], [-1.0], [2.0]])  # one parameter per row of fx
+
+    def ours(b):
+        return custom_gradient(tf.exp(b * z), z * tf.exp(b * z), b)
+
+    w = tf.reshape(tf.range(12, dtype=tf.float32), [3, 4])
+    tangent = tf.constant([[1.0], [2.0], [-1.0]])
+    assert_vjp_jvp(mode, ours, lambda b: tf.exp(b * z), b, w, tangent, rtol=2e-5)  # float32 sums, other order
+
+
+def test_scalar_x_with_vector_fx(mode):
+    t = tf.constant([0.0, 1.0, 2.0, 3.0])
+
+    def ours(s):
+        return custom_gradient(tf.sin(s * t), t * tf.cos(s * t), s)
+
+    assert_vjp_jvp(mode, ours, lambda s: tf.sin(s * t), tf.constant(0.7), tf.constant([1.0, 2, 3, 4]), tf.constant(2.0))
+
+
+def test_full_jacobian_of_a_linear_map(mode):
+    a = tf.reshape(tf.range(24, dtype=tf.float64) / 7 - 1, [3, 2, 2, 2])  # fx [3, 2], x [2, 2]
+
+    def linear(x):
+        return tf.tensordot(a, x, axes=2)
+
+    def ours(x):
+        return custom_gradient(linear(x), a, x)
+
+    x = tf.constant([[1.0, -2.0], [0.5, 3.0]], tf.float64)
+    w = tf.constant([[1.0, 0.0], [-1.0, 2.0], [0.5, 0.25]], tf.float64)
+    assert_vjp_jvp(mode, ours, linear, x, w, tf.constant([[0.1, 0.2], [-0.3, 0.4]], tf.float64), rtol=1e-12)
+
+
+def test_full_jacobian_matrix_for_a_vector(mode):
+    a = tf.constant([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])
+
+    def linear(x):
+        return tf.linalg.matvec(a, x)
+
+    def ours(x):
+        return custom_gradient(linear(x), a, x)
+
+    assert_vjp_jvp(mode, ours, linear, tf.constant([1.0, 2.0, 3.0]), tf.constant([2.0, -1.0]), tf.constant([1.0, 0, 1]))
+
+
+def test_one_element_fx_of_any_shape(mode):
+    def ours(x):
+        return custom_gradient(tf.reshape(tf.reduce_sum(x**2), [1, 1]), 2 * x, x)
+
+    def truth(x):
+        return tf.reshape(tf.reduce_sum(x**2), [1, 1])
+
+    x = tf.constant([1.0, -2.0, 3.0])
+    assert_vjp_jvp(mode, ours, truth, x, tf.constant([[1.5]]), tf.constant([1.0, 1.0, -1.0]))
+
+
+def test_otherwise_tfp_rule_gradient_of_the_sum_is_gx(mode):
+    x = tf.constant([1.0, 2.0, 3.0])
+    gx = tf.constant([0.5, -1.0, 2.0])
+    fx = tf.constant([10.0, 20.0])  # fx [2], x [3]: no other layout fits
+
+    def ours(x):
+        return custom_gradient(fx, gx, x)
+
+    np.testing.assert_allclose(in_mode(lambda x: vjp(ours, x, None), mode)(x), gx)
+    anchor = vjp(lambda x: tfp.math.custom_gradient(fx, gx, x), x, tf.constant([1.0, 3.0]))
+    np.testing.assert_allclose(in_mode(lambda x: vjp(ours, x, tf.constant([1.0, 3.0])), mode)(x), anchor)
+    np.testing.assert_allclose(anchor, gx * 4 / 2)
+
+
+def test_empty_fx_under_tfp_rule_gives_zero_gradient_not_nan():
+    x = tf.constant([1.0, 2.0])
+    np.testing.assert_array_equal(vjp(lambda x: custom_gradient(tf.zeros([0]), x, x), x, None), [0.0, 0.0])
+
+
+def test_same_as_tfp_for_scalar_fx_with_several_x(mode):
+    x = [tf.constant([1.0, -2.0]), tf.constant([[0.5, 0.25], [3.0, -1.0]])]
+    gx = [tf.constant([0.3, 7.0]), tf.constant([[1.0, 2.0], [-3.0, 4.0]])]
+    fx = tf.constant(1.5)
+
+    def value_and_grads(cg, x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = cg(fx, gx, x)
+        return y, tape.gradient(y, x, output_gradients=tf.constant(2.5))
+
+    ours = in_mode(lambda x: value_and_grads(custom_gradient, x), mode)(x)
+    anchor = value_and_grads(tfp.math.custom_gradient, x)
+    tf.nest.map_structure(np.testing.assert_array_equal, ours, anchor)
+    np.testing.assert_array_equal(ours[1][1], 2.5 * gx[1])
+
+
+# ---------------------------------------------------------------- property tests
+
+
+@st.composite
+def broadcast_cases(draw):
+    base = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3))
+    shapes = draw(hnp.mutually_broadcastable_shapes(num_shapes=2, base_shape=base, max_dims=3, min_side=0))
+    x_shape, a_shape = shapes.input_shapes
+    out_shape = np.broadcast_shapes(x_shape, a_shape)
+    elements = st.floats(-3, 3, width=64)
+    arrays = [draw(hnp.arrays(np.float64, s, elements=elements)) for s in (x_shape, a_shape, out_shape, x_shape)]
+    return arrays
+
+
+@given(case=broadcast_cases())
+def test_elementwise_with_broadcasting_matches_autodiff(case):
+    x, a, w, v = (tf.constant(c) for c in case)
+
+    def truth(x):
+        return tf.sin(a * x) + a * x**2
+
+    def ours(x):
+        return custom_gradient(truth(x), a * tf.cos(a * x) + 2 * a * x, x)
+
+    assert_vjp_jvp("eager", ours, truth, x, w, v, rtol=1e-12)
+
+
+@st.composite
+def jacobian_cases(draw):
+    fx_shape = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3))
+    x_shape = draw(hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=3))
+    elements = st.floats(-3, 3, width=64)
+    shapes = (fx_shape + x_shape, x_shape, fx_shape, x_shape)
+    return [draw(hnp.arrays(np.float64, s, elements=elements)) for s in shapes]
+
+
+@given(case=jacobian_cases())
+def test_full_jacobian_matches_autodiff(case):
+    a, x, w, v = (tf.constant(c) for c in case)
+    rank = len(case[1].shape)
+
+    def truth(x):
+        return tf.tensordot(a, tf.sinh(x), axes=rank)
+
+    def ours(x):
+        return custom_gradient(truth(x), a * tf.cosh(x), x)
+
+    assert_vjp_jvp("eager", ours, truth, x, w, v, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_gradient_in_every_float_dtype_is_gx_exactly(mode, dtype):
+    x = tf.constant([-3.0, 0.0, 40.0], dtype)
+
+    def gx_and_derivatives(x):  # gx is computed in dtype; the identity must pass it on unchanged
+        return tf.math.sigmoid(x), vjp(log1pexp, x), jvp(log1pexp, x, tf.ones_like(x))
+
+    gx, reverse, forward = in_mode(gx_and_derivatives, mode)(x)
+    np.testing.assert_array_equal(reverse, gx)
+    np.testing.assert_array_equal(forward, gx)
+    truth = tf.math.sigmoid(tf.constant([-3.0, 0.0, 40.0], tf.float64))
+    np.testing.assert_allclose(tf.cast(gx, tf.float64), truth, rtol=float(ml_dtypes.finfo(gx.dtype.as_numpy_dtype).eps))
+
+
+# ---------------------------------------------------------------- awkward derivatives
+
+
+def test_zero_upstream_gives_zero_gradient_even_where_gx_is_inf(mode):
+    x = tf.constant([1.0, 2.0, 3.0])
+    gx = tf.constant([np.inf, np.nan, 2.0])
+    mask = tf.constant([0.0, 0.0, 1.0])
+
+    def ours(x):
+        return custom_gradient(x, gx, x)
+
+    np.testing.assert_array_equal(in_mode(lambda x, w: vjp(ours, x, w), mode)(x, mask), [0.0, 0.0, 2.0])
+    np.testing.assert_array_equal(in_mode(lambda x, v: jvp(ours, x, v), mode)(x, mask), [0.0, 0.0, 2.0])
+
+
+def test_non_finite_x_keeps_value_and_other_elements_keep_gradient(mode):
+    x = tf.constant([np.inf, -np.inf, np.nan, 2.0])
+    ones = tf.ones([4])
+
+    def value_and_grad(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = custom_gradient(ones, 3 * ones, x)
+        return y, tape.gradient(y, x)
+
+    value, grad = in_mode(value_and_grad, mode)(x)
+    np.testing.assert_array_equal(value, ones)
+    np.testing.assert_array_equal(grad, [0.0, 0.0, 0.0, 3.0])
+
+
+# ---------------------------------------------------------------- every mode of differentiation
+
+
+def test_jacobian_and_batch_jacobian(mode):
+    x = tf.constant([[-1.0, 0.0, 100.0], [2.0, -30.0, 5.0]])
+
+    def jacobians(x):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            y = log1pexp(x)
+        return tape.jacobian(y, x), tape.batch_jacobian(y, x), tape.jacobian(y, x, experimental_use_pfor=False)
+
+    full, batch, loop = in_mode(jacobians, mode)(x)
+    s = tf.math.sigmoid(x).numpy()
+    np.testing.assert_allclose(batch, np.stack([np.diag(row) for row in s]), rtol=1e-7)
+    expected_full = np.einsum("ij,ik,jl->ijkl", s, np.eye(2), np.eye(3))
+    np.testing.assert_allclose(full, expected_full, rtol=1e-7)
+    np.testing.assert_allclose(loop, expected_full, rtol=1e-7)
+
+
+def test_vectorized_map_per_example_gradients(mode):
+    x = tf.constant([[-1.0, 100.0], [0.0, 2.0], [5.0, -5.0]])
+
+    def per_example(row):
+        with tf.GradientTape() as tape:
+            tape.watch(row)
+            loss = tf.reduce_sum(tf.constant([1.0, 2.0]) * log1pexp(row))
+        return tape.gradient(loss, row)
+
+    grads = in_mode(lambda x: tf.vectorized_map(per_example, x), mode)(x)
+    np.testing.assert_allclose(grads, tf.math.sigmoid(x) * [1.0, 2.0], rtol=1e-7)
+
+
+def test_tf_gradients_in_a_graph():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.constant([0.0, 100.0])
+        (grad,) = tf.gradients(log1pexp(x), [x], grad_ys=tf.constant([2.0, 3.0]))
+    with tf.compat.v1.Session(graph=graph) as session:
+        np.testing.assert_array_equal(session.run(grad), [1.0, 3.0])
+
+
+def _second_derivative(cg, x, manually_stopped):
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            fx = tf.stop_gradient(tf.math.softplus(x))
+            y = cg(fx, tf.math.sigmoid(x), x, fx_gx_manually_stopped=manually_stopped)
+        grad = inner.gradient(y, x)
+    return grad, outer.gradient(grad, x, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+
+def test_second_derivative_through_stopped_gx_is_zero(mode):
+    x = tf.constant([-1.0, 0.0, 3.0])
+    grad, hess = in_mode(lambda x: _second_derivative(custom_gradient, x, False), mode)(x)
+    np.testing.assert_allclose(grad, tf.math.sigmoid(x), rtol=1e-7)
+    np.testing.assert_array_equal(hess, [0.0, 0.0, 0.0])
+
+
+def test_second_derivative_with_manual_stop_is_that_of_the_expression_as_in_tfp(mode):
+    # h = f + g(x)·u with u = x − stop(x) has h' = g + g'·u and h'' = 2·g' at u = 0.
+    x = tf.constant([-1.0, 0.0, 3.0])
+    grad, hess = in_mode(lambda x: _second_derivative(custom_gradient, x, True), mode)(x)
+    s = tf.math.sigmoid(x)
+    np.testing.assert_allclose(grad, s, rtol=1e-7)
+    np.testing.assert_allclose(hess, 2 * s * (1 - s), rtol=1e-6)
+    np.testing.assert_allclose(hess, _second_derivative(tfp.math.custom_gradient, x, True)[1], rtol=1e-6)
+
+
+def test_second_derivative_is_unconnected_under_a_plain_tape():
+    x = tf.constant(1.0)
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            y = log1pexp(x)
+        grad = inner.gradient(y, x)
+    assert outer.gradient(grad, x) is None
+
+
+def test_tfp_partial_custom_gradient_with_manual_stops(mode):
+    # tfp's own test: gradient x²y for x and x for y.
+    x = tf.Variable(2.1)
+    y = tf.Variable(3.1)
+    stop = tf.stop_gradient
+
+    def grads():
+        with tf.GradientTape() as tape:
+            fx = stop(x) * y
+            gx = stop(tf.square(x)) * y
+            h = custom_gradient(fx, gx, x + stop(y), fx_gx_manually_stopped=True)
+        return h, tape.gradient(h, [x, y])
+
+    h, (dx, dy) = in_mode(grads, mode)()
+    assert h.numpy() == np.float32(2.1) * np.float32(3.1)
+    assert dx.numpy() == np.float32(2.1) ** 2 * np.float32(3.1)
+    assert dy.numpy() == np.float32(2.1)
+
+
+# ---------------------------------------------------------------- structures, variables, dtypes
+
+
+def test_nested_structure_of_x_with_variables_and_a_none_gradient(mode):
+    scale = tf.Variable(2.0)
+    params = {"loc": tf.constant([1.0, -1.0]), "scale": scale, "fixed": tf.constant(3.0)}
+
+    def grads():
+        with tf.GradientTape() as tape:
+            tape.watch(params["loc"])
+            fx = params["loc"] * params["scale"]
+            gx = {"loc": tf.fill([2], 2.0), "scale": tf.constant([1.0, -1.0]), "fixed": None}
+            h = custom_gradient(fx, gx, params)
+        return tape.gradient(h, [params["loc"], scale, params["fixed"]], output_gradients=tf.constant([1.0, 3.0]))
+
+    d_loc, d_scale, d_fixed = in_mode(grads, mode)()
+    np.testing.assert_array_equal(d_loc, [2.0, 6.0])
+    assert d_scale.numpy() == 1.0 - 3.0
+    assert d_fixed is None
+
+
+def test_x_of_another_float_dtype_and_gx_as_python_list():
+    x = tf.constant([1.0, 2.0], tf.float64)
+    grad = vjp(lambda x: custom_gradient(tf.constant([5.0, 6.0]), [0.5, 0.25], x), x, None)
+    assert grad.dtype == tf.float64
+    np.testing.assert_array_equal(grad, [0.5, 0.25])
+
+
+def test_eager_with_nothing_watching_returns_fx_itself():
+    fx = tf.constant([1.0, 2.0])
+    assert custom_gradient(fx, tf.ones(2), tf.zeros(2)) is fx
+
+
+# ---------------------------------------------------------------- graphs, saving, distribution
+
+
+def _op_types(concrete_function, prefix="custom_gradient"):
+    return {op.type for op in concrete_function.graph.get_operations() if op.name.startswith(prefix)}
+
+
+def test_static_shapes_add_no_assert_or_identity_ops():
+    fn = tf.function(lambda x: log1pexp(x))
+    types = _op_types(fn.get_concrete_function(tf.TensorSpec([3, 2])))
+    assert types, "the identity's ops live under its name scope"
+    assert not types & {"Assert", "Identity", "NoOp", "Equal"}, types
+
+
+def test_unknown_shapes_are_checked_when_the_graph_runs():
+    fx_spec = tf.TensorSpec([None])
+
+    @tf.function(input_signature=[fx_spec, fx_spec, fx_spec])
+    def embed(fx, gx, x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            return custom_gradient(fx, gx, x)
+
+    assert "Assert" in _op_types(embed.get_concrete_function())
+    np.testing.assert_array_equal(embed(tf.ones(3), tf.ones(3), tf.ones(3)), tf.ones(3))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="run-time shapes do not fit"):
+        embed(tf.ones(1), tf.ones(3), tf.ones(3))
+
+
+@pytest.mark.parametrize("custom_gradients", [True, False])
+def test_saved_model_round_trip_keeps_the_gradient(tmp_path, custom_gradients):
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def __call__(self, x):
+            return log1pexp(x)
+
+    path = str(tmp_path / "model")
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=custom_gradients)
+    tf.saved_model.save(Model(), path, options=options)
+    loaded = tf.saved_model.load(path)
+    x = tf.constant([-1.0, 0.0, 100.0])
+    grad = vjp(loaded, x, tf.constant([1.0, 2.0, 3.0]))
+    np.testing.assert_allclose(grad, tf.math.sigmoid(x) * [1.0, 2.0, 3.0], rtol=1e-7)
+    np.testing.assert_array_equal(loaded(x), tf.math.softplus(x))
+
+
+def test_mirrored_strategy_gradients_equal_single_device():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        theta = tf.Variable([0.5, 100.0])
+    data = tf.constant([[1.0, 2.0], [3.0, -1.0], [0.5, 0.5], [2.0, 1.0]])
+
+    def loss_grad(batch):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(batch * log1pexp(theta)) / 4.0
+        return tape.gradient(loss, theta)
+
+    @tf.function
+    def step(dataset_iterator):
+        per_replica = strategy.run(loss_grad, args=(next(dataset_iterator),))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices(data).batch(4))
+    distributed = step(iter(dataset))
+    single = tf.reduce_sum(data, 0) / 4.0 * tf.math.sigmoid(theta.read_value())
+    np.testing.assert_allclose(distributed, single, rtol=1e-6)
+    assert strategy.num_replicas_in_sync == 2
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "gx, x",
+    [([tf.ones(2)], {"a": tf.ones(2)}), ({"b": tf.ones(2)}, {"a": tf.ones(2)}), ([tf.ones(2)], [tf.ones(2)] * 2)],
+)
+def test_structure_mismatch_is_a_value_error(gx, x):
+    with pytest.raises(ValueError, match="structure of x"):
+        custom_gradient(tf.ones(2), gx, x)
+
+
+def test_tuple_and_list_structures_are_interchangeable():
+    x = (tf.constant(1.0), tf.constant(2.0))
+    grads = vjp(lambda x: custom_gradient(tf.constant(0.0), [3.0, 4.0], x), x)
+    np.testing.assert_array_equal(grads, [3.0, 4.0])
+
+
+def test_unfitting_gradient_shape_names_argument_and_shapes_while_tracing():
+    @tf.function
+    def bad(x):
+        return custom_gradient(tf.ones([2, 3]), {"w": tf.ones([4])}, {"w": x})
+
+    with pytest.raises(ValueError, match=r"x\[w\].*\(2, 3\).*\(5,\).*\(4,\)"):
+        bad.get_concrete_function(tf.TensorSpec([5]))
+
+
+@pytest.mark.parametrize(
+    "fx, gx, x, what",
+    [
+        (tf.constant([1, 2]), tf.ones(2), tf.ones(2), "fx"),
+        (tf.ones(2), tf.ones(2), tf.constant([1, 2]), "x"),
+        (tf.ones(2), tf.constant([1, 2]), tf.ones(2), "gradient for x"),
+    ],
+)
+def test_non_floating_inputs_are_type_errors(fx, gx, x, what):
+    with pytest.raises(TypeError, match=f"floating {what}"):
+        custom_gradient(fx, gx, x)
+
+
+def test_unknown_rank_is_a_value_error():
+    @tf.function(input_signature=[tf.TensorSpec(None)])
+    def unknown(x):
+        return custom_gradient(x, x, x)
+
+    with pytest.raises(ValueError, match="known rank"):
+        unknown.get_concrete_function()
