@@ -55,10 +55,10 @@ def custom_gradient(
 
     Each term is exactly +0.0, so ``h`` equals ``fx`` bit for bit in every
     floating dtype, −0.0, inf and NaN included, whatever ``gx`` and ``x``
-    hold; its derivative w.r.t. ``x`` is ``gx``. (One caveat that no
-    arithmetic op escapes: where TensorFlow's CPU kernels flush denormals to
-    zero, a subnormal fx comes back as a zero of the same sign, as it would
-    from any other arithmetic op there.)
+    hold; its derivative w.r.t. ``x`` is ``gx``. (Two caveats that no
+    TensorFlow arithmetic op escapes: where the CPU kernels flush denormals
+    to zero, a subnormal fx comes back as the zero of its sign; and bfloat16
+    arithmetic returns a NaN as the canonical NaN.)
 
     The shape of each ``gx`` says what it holds (the first layout that fits):
 

@@ -1,5 +1,6 @@
 """Helpers shared by the test modules: execution modes and derivative probes."""
 
+import ml_dtypes
 import numpy as np
 import tensorflow as tf
 
@@ -39,3 +40,20 @@ def bits(array) -> np.ndarray:
     """The raw bit patterns of a float array, so that -0.0 and NaN compare exactly."""
     array = np.asarray(array)
     return array.view(f"uint{8 * array.dtype.itemsize}")
+
+
+def assert_value_exact(actual, expected):
+    """Bit-equal, except where no TensorFlow arithmetic op can be.
+
+    TensorFlow's CPU kernels flush denormals to zero in some modes (under
+    XLA in some vector lanes only), so a subnormal may come back as the zero
+    of its sign; and bfloat16 arithmetic returns a canonical NaN, so there a
+    NaN need only stay NaN.
+    """
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    wide = expected.astype(np.float64)
+    subnormal = (np.abs(wide) < ml_dtypes.finfo(expected.dtype).smallest_normal) & (wide != 0)
+    flushed = (actual.astype(np.float64) == 0) & (np.signbit(actual) == np.signbit(expected))
+    loose_nan = np.isnan(wide) if expected.dtype == ml_dtypes.bfloat16 else np.zeros(expected.shape, bool)
+    same = bits(actual) == bits(expected)
+    assert np.all(same | (subnormal & flushed) | (loose_nan & np.isnan(actual.astype(np.float64)))), (actual, expected)

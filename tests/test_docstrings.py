@@ -1,0 +1,23 @@
+"""The examples in the package's docstrings run and print what they say."""
+
+import doctest
+import importlib
+import pkgutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import stopgrad_math
+
+MODULES = [
+    info.name for info in pkgutil.iter_modules(stopgrad_math.__path__, "stopgrad_math.") if "__main__" not in info.name
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    globs = {"tf": tf, "np": np, **{n: getattr(stopgrad_math, n) for n in stopgrad_math.__all__}}
+    result = doctest.testmod(module, extraglobs=globs, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0

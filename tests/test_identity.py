@@ -1,0 +1,78 @@
+"""zero_with_gradient and the value term: exact zeros, unit and guarded slopes."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import MODES, assert_value_exact, bits, in_mode, jvp, vjp
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from stopgrad_math import zero_with_gradient
+from stopgrad_math.identity import attach, negative_zero_term, nothing_records
+
+FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+AWKWARD = st.one_of(st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3e38]), st.floats(width=32))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(x=hnp.arrays(np.float32, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4), elements=AWKWARD))
+def test_zero_with_gradient_is_positive_zero_with_unit_slope_at_finite_x(mode, x):
+    x = tf.constant(x)
+    upstream = tf.reshape(tf.range(tf.size(x), dtype=tf.float32) - 2.5, tf.shape(x))
+
+    def value_and_grad(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            u = zero_with_gradient(x)
+        return u, tape.gradient(u, x, output_gradients=w), jvp(zero_with_gradient, x, w)
+
+    u, grad, tangent = in_mode(value_and_grad, mode)(x, upstream)
+    np.testing.assert_array_equal(bits(u.numpy()), np.zeros(x.shape, np.uint32))  # +0.0 everywhere
+    finite = np.isfinite(x.numpy())
+    np.testing.assert_array_equal(grad, np.where(finite, upstream, 0.0))
+    np.testing.assert_array_equal(tangent, np.where(finite, upstream, 0.0))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_zero_with_gradient_for_every_dtype_and_a_variable(dtype):
+    v = tf.Variable(tf.constant([1.5, -2.0, 7.0], dtype))
+    with tf.GradientTape() as tape:
+        u = zero_with_gradient(v)
+    assert u.dtype == dtype
+    np.testing.assert_array_equal(u, [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(tape.gradient(u, v), [1.0, 1.0, 1.0])
+
+
+def test_negative_zero_term_is_positive_zero_with_slope_minus_g():
+    g = tf.constant([np.inf, np.nan, -2.0, 3.0])
+    x = tf.constant([1.0, 2.0, 3.0, -0.0])
+    term = negative_zero_term(g, x, tf.float32)
+    np.testing.assert_array_equal(bits(term.numpy()), np.zeros(4, np.uint32))
+    np.testing.assert_array_equal(vjp(lambda x: negative_zero_term(g, x, tf.float32), x, tf.constant([0.0, 0, 1, 1])),
+                                  [0.0, 0.0, 2.0, -3.0])
+
+
+def test_negative_zero_term_casts_to_the_value_dtype():
+    x = tf.constant([1.0, 2.0], tf.float64)
+    grad = vjp(lambda x: negative_zero_term(tf.constant([2.0, 4.0]), x, tf.float32), x)
+    assert grad.dtype == tf.float64
+    np.testing.assert_array_equal(grad, [-2.0, -4.0])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_attach_keeps_every_special_value_bit_for_bit(dtype):
+    value = tf.constant([-0.0, 0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -3.5], dtype)
+    out = attach(value, [tf.zeros([8], dtype), tf.zeros([], dtype)])
+    assert_value_exact(out.numpy(), value.numpy())
+    if dtype != tf.bfloat16:  # bfloat16 arithmetic canonicalises NaN; elsewhere even -NaN is kept
+        np.testing.assert_array_equal(bits(out.numpy()), bits(value.numpy()))
+
+
+def test_nothing_records_only_in_eager_without_tape_or_accumulator():
+    assert nothing_records()
+    with tf.GradientTape():
+        assert not nothing_records()
+    with tf.autodiff.ForwardAccumulator(tf.constant(1.0), tf.constant(1.0)):
+        assert not nothing_records()
+    assert not tf.function(lambda: tf.constant(nothing_records()))()
