@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.util import nest
 
-from stopgrad_math import gradient_layout, identity
+from stopgrad_math import decorator, gradient_layout, identity
 
 _FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
@@ -41,13 +42,27 @@ def _pairs(gx: Any, x: Any) -> list[tuple[str, Any, Any]]:
 
 
 def custom_gradient(
-    fx: Any,
-    gx: Any,
-    x: Any,
+    fx: Any = None,
+    gx: Any = None,
+    x: Any = None,
     fx_gx_manually_stopped: bool = False,
     name: str | None = None,
-) -> tf.Tensor:
-    """Returns a Tensor with the value of ``fx`` and the derivative ``gx`` w.r.t. ``x``.
+    *,
+    order: int = 1,
+    check_linearity: bool = False,
+) -> tf.Tensor | Callable:
+    """Embeds a known gradient: ``custom_gradient(fx, gx, x)`` or ``@custom_gradient``.
+
+    Two forms, one identity underneath:
+
+    * ``custom_gradient(fx, gx, x)``: tfp's signature; documented below.
+    * ``@custom_gradient`` (or ``@custom_gradient(order=2)``) on a function
+      returning ``(y, grad_fn)``: a drop-in for ``tf.custom_gradient`` and
+      keras ``ops.custom_gradient``, exact for any function; see
+      ``stopgrad_math.decorator.decorate`` for its contract.
+
+    The identity form returns a Tensor with the value of ``fx`` and the
+    derivative ``gx`` w.r.t. ``x``.
 
     The stop-gradient identity, one term per argument:
 
@@ -113,6 +128,13 @@ def custom_gradient(
     >>> tape.gradient(y, x).numpy()
     array([0.5, 1. ], dtype=float32)
     """
+    if gx is None and x is None:
+        if fx is None:
+            return lambda f: decorator.decorate(f, order=order, check_linearity=check_linearity)
+        if callable(fx):
+            return decorator.decorate(fx, order=order, check_linearity=check_linearity)
+    if order != 1 or check_linearity:
+        raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
     with tf.name_scope(name or "custom_gradient"):
         fx = tf.convert_to_tensor(fx, name="fx")
         _require_float(fx.dtype, "fx")

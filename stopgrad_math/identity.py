@@ -28,7 +28,8 @@ def nothing_records() -> bool:
     return tf.executing_eagerly() and not record.could_possibly_record()
 
 
-def _zero_with_slope(x: tf.Tensor, slope_is_negative: bool) -> tf.Tensor:
+def zero_with_slope(x: tf.Tensor, slope_is_negative: bool) -> tf.Tensor:
+    """Returns x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite."""
     still = tf.stop_gradient(x)
     zero = still - x if slope_is_negative else x - still
     # inf − inf is NaN: no op sequence can keep both an exact +0.0 value and a
@@ -62,7 +63,7 @@ def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:
     >>> u.numpy(), tape.gradient(u, x).numpy()
     (array([0., 0.], dtype=float32), array([1., 1.], dtype=float32))
     """
-    return _zero_with_slope(tf.convert_to_tensor(x), slope_is_negative=False)
+    return zero_with_slope(tf.convert_to_tensor(x), slope_is_negative=False)
 
 
 def negative_zero_term(g: tf.Tensor, x: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
@@ -72,7 +73,7 @@ def negative_zero_term(g: tf.Tensor, x: tf.Tensor, dtype: tf.DType) -> tf.Tensor
     (reduced) result from the value, which is why the slope is negated: the
     value stays bit-exact (f − (+0.0) == f) and the derivative is +g.
     """
-    minus_u = _zero_with_slope(x, slope_is_negative=True)
+    minus_u = zero_with_slope(x, slope_is_negative=True)
     if minus_u.dtype != dtype:
         minus_u = tf.cast(minus_u, dtype)
     return tf.math.multiply_no_nan(g, minus_u)
