@@ -160,7 +160,17 @@ class _Plan:
     variable_zeros: list
 
 
+def _positional(f: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Keyword arguments are constants, unless every argument is a keyword: then
+    those that name positional parameters are f's differentiable arguments."""
+    if args or not kwargs:
+        return args, kwargs
+    bound = inspect.signature(f).bind(**kwargs)
+    return bound.args, bound.kwargs
+
+
 def _evaluate(f: Callable, args: tuple, kwargs: dict, order: int) -> _Plan:
+    args, kwargs = _positional(f, args, kwargs)
     arguments = _Arguments.of(args)
     x = {i: tf.convert_to_tensor(arguments.leaves[i]) for i in arguments.differentiable}
     zeros = {i: identity.zero_with_slope(t, slope_is_negative=True) for i, t in x.items()}
@@ -187,7 +197,8 @@ def _gradients(plan: _Plan, upstreams: list) -> tuple[list, list, list]:
     targets = [matched[i] for i in matched]
     zeros = [plan.zeros[i] for i in matched]
     names = [plan.arguments.names[i] for i in matched]
-    for gradient, zero, variable in zip(_variable_targets(variable_grads, plan), plan.variable_zeros, plan.variables):
+    variable_targets = _variable_targets(variable_grads, plan)
+    for gradient, zero, variable in zip(variable_targets, plan.variable_zeros, plan.variables, strict=True):
         if gradient is not None:
             targets.append(gradient)
             zeros.append(zero)
@@ -219,7 +230,8 @@ def _variable_targets(variable_grads: Any, plan: _Plan) -> list:
     flat = list(variable_grads) if variable_grads is not None else []
     if len(flat) != len(plan.variables):
         raise ValueError(f"grad_fn returned {len(flat)} variable gradients for {len(plan.variables)} variables.")
-    return [None if g is None else tf.convert_to_tensor(g, dtype_hint=v.dtype) for g, v in zip(flat, plan.variables)]
+    pairs = zip(flat, plan.variables, strict=True)
+    return [None if g is None else tf.convert_to_tensor(g, dtype_hint=v.dtype) for g, v in pairs]
 
 
 def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: bool) -> Any:
@@ -234,7 +246,11 @@ def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: 
 
 
 def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Callable:
-    """Returns f with its grad_fn embedded; see ``stopgrad_math.custom_gradient``."""
+    """Returns f with its grad_fn embedded as a linear map.
+
+    The contract, the conventions for grad_fn and the limits are documented
+    on the public entry point, ``stopgrad_math.custom_gradient``.
+    """
     if order not in (1, 2):
         raise ValueError(f"order must be 1 or 2; got {order}.")
 

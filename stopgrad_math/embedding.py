@@ -53,16 +53,67 @@ def custom_gradient(
 ) -> tf.Tensor | Callable:
     """Embeds a known gradient: ``custom_gradient(fx, gx, x)`` or ``@custom_gradient``.
 
-    Two forms, one identity underneath:
+    Two forms, one stop-gradient identity underneath.
 
-    * ``custom_gradient(fx, gx, x)``: tfp's signature; documented below.
-    * ``@custom_gradient`` (or ``@custom_gradient(order=2)``) on a function
-      returning ``(y, grad_fn)``: a drop-in for ``tf.custom_gradient`` and
-      keras ``ops.custom_gradient``, exact for any function; see
-      ``stopgrad_math.decorator.decorate`` for its contract.
+    **Decorator form** (``@custom_gradient``, ``@custom_gradient(order=2)``):
+    a drop-in for ``tf.custom_gradient`` and keras ``ops.custom_gradient``.
+    ``f(*args, **kwargs)`` returns ``(y, grad_fn)``; grad_fn maps upstream
+    gradients to the gradients of the args (a vector-Jacobian product). The
+    result has the value y bit for bit and the Jacobian J that grad_fn is the
+    transpose of, embedded as a linear map, so it is exact for any function
+    (matmuls, reductions, several outputs), in reverse and forward mode:
 
-    The identity form returns a Tensor with the value of ``fx`` and the
-    derivative ``gx`` w.r.t. ``x``.
+        h = y − (J·v − stop(J·v)),  v = stop(x) − x,  J·v = ∂/∂d ⟨grad_fn(d), v⟩ at d = 0
+
+    * grad_fn may be written ``grad(upstream)``, ``grad(*upstreams)`` (TF),
+      ``grad(upstream)`` taking y's structure (JAX), ``grad(*args,
+      upstream=None)`` or ``grad(*args, upstream)`` (keras, torch), and
+      ``grad(*upstreams, variables=None)`` returning ``(grads, grad_vars)``.
+      It returns a tensor, a list or tuple (one per argument, or per floating
+      tensor leaf of the arguments), None meaning "no gradient".
+    * f is evaluated at stop(x): variables read inside f keep their ordinary
+      autodiff gradient, unless grad_fn takes ``variables``, which then gives
+      them. Nothing is registered in a global gradient registry.
+    * Positional args may be nested structures; floating tensors among them
+      get gradients, anything else (Python numbers, None, strings, integer
+      tensors) is passed through. Keyword arguments are constants, except
+      when every argument is a keyword: then those naming positional
+      parameters are bound to them.
+    * **Linearity.** Any stop-gradient identity makes the backward pass
+      linear in the upstream gradient: a grad_fn that is not (gradient
+      clipping, normalization) cannot be expressed, and J·v would be its
+      linearization at zero. A grad_fn whose result does not depend on the
+      upstream, or with grad_fn(0) ≠ 0 where that is known while tracing
+      (always in eager), raises ValueError; ``check_linearity=True`` also
+      compares grad_fn(a·d1 + d2) with a·grad_fn(d1) + grad_fn(d2).
+    * **Higher order.** ``order=1`` (default): the custom derivative is
+      constant in x, so a second derivative through it is None
+      (unconnected). tf.custom_gradient instead differentiates grad_fn's ops,
+      which is not the second derivative of f either. ``order=2`` evaluates
+      J at the midpoint stop(x) + u/2 (equal to x in value) of the integral
+      form h = stop(y) + ∫₀¹ J(stop(x) + t·u)·u dt, which makes second
+      derivatives (Hessians, Hessian-vector products, forward-over-reverse)
+      exact when grad_fn is built from differentiable ops. It calls f twice,
+      and the first derivative turns NaN where grad_fn's own derivative
+      overflows (log1pexp's 1 − 1/(1 + exp(x)) at x = 100).
+    * In eager mode with no tape or accumulator active, f's y is returned
+      as it is.
+
+    Example:
+
+    >>> @custom_gradient
+    ... def log1pexp(x):
+    ...   e = tf.exp(x)
+    ...   return tf.math.log(1 + e), lambda dy: dy * (1 - 1 / (1 + e))
+    >>> x = tf.constant(100.0)
+    >>> with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)) as acc:
+    ...   y = log1pexp(x)
+    >>> float(acc.jvp(y))  # tf.custom_gradient gives NaN here
+    1.0
+
+    **Identity form** (``custom_gradient(fx, gx, x)``): tfp's signature.
+    Returns a Tensor with the value of ``fx`` and the derivative ``gx``
+    w.r.t. ``x``.
 
     The stop-gradient identity, one term per argument:
 
@@ -102,7 +153,7 @@ def custom_gradient(
     or accumulator active, ``fx`` is returned as it is.
 
     Args:
-      fx: floating Tensor, the value f(x).
+      fx: floating Tensor, the value f(x); or, alone, the function to decorate.
       gx: the derivative of f at x, with the structure of ``x``; a leaf may
         be None for an argument that gets no gradient. Converted to fx's
         dtype.
@@ -111,13 +162,19 @@ def custom_gradient(
       fx_gx_manually_stopped: if True, fx and gx are not wrapped in
         stop_gradient (tfp's partial custom gradient).
       name: name scope for the ops.
+      order: decorator form only: 1, or 2 for exact second derivatives.
+      check_linearity: decorator form only: test grad_fn for linearity.
 
     Returns:
-      A Tensor equal to ``fx`` whose derivative w.r.t. ``x`` is ``gx``.
+      A Tensor equal to ``fx`` whose derivative w.r.t. ``x`` is ``gx``; in the
+      decorator form, the decorated function (or a decorator, when called
+      with keyword arguments only).
 
     Raises:
-      TypeError: fx, x or gx is not floating.
-      ValueError: the structure or a shape of gx does not fit x and fx.
+      TypeError: fx, x or gx is not floating; f does not return (y, grad_fn).
+      ValueError: the structure or a shape of gx does not fit x and fx;
+        grad_fn returns the wrong number, shape or dtype of gradients, or is
+        detectably not linear.
 
     Example: log(1 + exp(x)) with its exact gradient at x = 100.
 

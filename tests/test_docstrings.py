@@ -21,3 +21,5 @@ def test_docstring_examples(name):
     globs = {"tf": tf, "np": np, **{n: getattr(stopgrad_math, n) for n in stopgrad_math.__all__}}
     result = doctest.testmod(module, extraglobs=globs, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0
+    with open(module.__file__) as source:
+        assert result.attempted >= source.read().count(">>> ")

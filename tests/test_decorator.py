@@ -1,0 +1,677 @@
+"""@custom_gradient: every grad_fn convention, exact for any function, in every mode."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import in_mode, jvp, vjp
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from stopgrad_math import custom_gradient
+
+
+def softplus_exact_grad(e):
+    return 1 - 1 / (1 + e)
+
+
+# ---------------------------------------------------------------- the docs' log1pexp, every signature
+
+
+@custom_gradient
+def log1pexp_tf(x):
+    e = tf.exp(x)
+
+    def grad(upstream):
+        return upstream * softplus_exact_grad(e)
+
+    return tf.math.log(1 + e), grad
+
+
+@custom_gradient
+def log1pexp_keras(x):
+    e = tf.exp(x)
+
+    def grad(*args, upstream=None):
+        if upstream is None:
+            (upstream,) = args
+        return upstream * softplus_exact_grad(e)
+
+    return tf.math.log(1 + e), grad
+
+
+@custom_gradient
+def log1pexp_torch(x):
+    e = tf.exp(x)
+
+    def grad(*args, upstream):
+        return upstream * softplus_exact_grad(e)
+
+    return tf.math.log(1 + e), grad
+
+
+@custom_gradient
+def log1pexp_varargs(x):
+    e = tf.exp(x)
+
+    def grad(*upstreams):
+        return [upstreams[0] * softplus_exact_grad(e)]
+
+    return tf.math.log(1 + e), grad
+
+
+@pytest.mark.parametrize("fn", [log1pexp_tf, log1pexp_keras, log1pexp_torch, log1pexp_varargs])
+def test_log1pexp_every_signature_reverse_and_forward(mode, fn):
+    x = tf.constant([-3.0, 0.0, 10.0, 100.0])
+    w = tf.constant([1.0, 2.0, 0.0, 3.0])
+    expected = tf.math.sigmoid(x)
+    np.testing.assert_allclose(in_mode(lambda x: vjp(fn, x, w), mode)(x), expected * w, rtol=1e-6)
+    np.testing.assert_allclose(in_mode(lambda x: jvp(fn, x, w), mode)(x), expected * w, rtol=1e-6)
+
+
+def test_forward_mode_is_finite_where_tf_custom_gradient_is_nan(mode):
+    @tf.custom_gradient
+    def anchor(x):
+        e = tf.exp(x)
+        return tf.math.log(1 + e), lambda dy: dy * softplus_exact_grad(e)
+
+    x = tf.constant(100.0)
+    assert np.isnan(jvp(anchor, x, tf.constant(1.0)).numpy())  # the anchor's measured defect
+    assert vjp(anchor, x).numpy() == 1.0
+    assert in_mode(lambda x: jvp(log1pexp_tf, x, tf.constant(1.0)), mode)(x).numpy() == 1.0
+
+
+def test_keras_ops_custom_gradient_side_by_side():
+    @keras.ops.custom_gradient
+    def anchor(x):
+        e = keras.ops.exp(x)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            return keras.ops.multiply(upstream, 1.0 - 1.0 / keras.ops.add(1, e))
+
+        return keras.ops.log(1 + e), grad
+
+    x = tf.constant([-2.0, 0.5, 100.0])
+    np.testing.assert_array_equal(vjp(log1pexp_keras, x), vjp(anchor, x))
+
+
+# ---------------------------------------------------------------- variables
+
+
+weights = tf.Variable(tf.ones([2]))
+
+
+@custom_gradient
+def linear_poly(x):
+    poly = weights[1] * x + weights[0]
+
+    def grad_fn(dpoly, variables):
+        grad_xs = dpoly * weights[1]
+        dy_dw = dpoly * tf.stack([x**1, x**0])
+        return grad_xs, [tf.reduce_sum(tf.reshape(dy_dw, [2, -1]), axis=1)]
+
+    return poly, grad_fn
+
+
+def test_tf_docs_linear_poly_with_variables(mode):
+    def grads(x):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            poly = linear_poly(x)
+        return poly, tape.gradient(poly, x), tape.gradient(poly, weights)
+
+    poly, dx, dw = in_mode(grads, mode)(tf.constant([1.0, 2.0, 3.0]))
+    np.testing.assert_array_equal(poly, [2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(dx, [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(dw, [6.0, 3.0])
+
+
+def test_variables_read_inside_f_keep_autodiff_without_ceremony(mode):
+    scale = tf.Variable(3.0)
+
+    @custom_gradient
+    def scaled_log1pexp(x):
+        e = tf.exp(x)
+        return scale * tf.math.softplus(x), lambda dy: dy * scale * softplus_exact_grad(e)
+
+    def grads(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = scaled_log1pexp(x)
+        return tape.gradient(y, [x, scale])
+
+    x = tf.constant([0.0, 100.0])
+    dx, dscale = in_mode(grads, mode)(x)
+    np.testing.assert_allclose(dx, 3.0 * tf.math.sigmoid(x), rtol=1e-6)
+    np.testing.assert_allclose(dscale, tf.reduce_sum(tf.math.softplus(x)), rtol=1e-6)
+
+
+def test_grad_fn_with_variables_parameter_but_none_read(mode):
+    @custom_gradient
+    def double(x):
+        def grad(dy, variables=None):
+            assert variables is None
+            return 2 * dy
+
+        return 2 * x, grad
+
+    np.testing.assert_array_equal(in_mode(lambda x: vjp(double, x), mode)(tf.constant([1.0, 5.0])), [2.0, 2.0])
+
+
+def test_mirrored_variables_with_and_without_variables_parameter():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        w = tf.Variable([1.0, 2.0])
+
+    @custom_gradient
+    def autodiff_for_w(x):
+        return w * x, lambda dy: 5.0 * dy * w  # custom for x, autodiff for w
+
+    @custom_gradient
+    def custom_for_w(x):
+        return w * x, lambda dy, variables: (dy * w, [7.0 * dy * x])
+
+    def step(fn):
+        def replica(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = tf.reduce_sum(fn(x))
+            return tape.gradient(y, [x, w])
+
+        per_replica = strategy.run(tf.function(replica), args=(tf.constant([3.0, 4.0]),))
+        return [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in per_replica]
+
+    dx, dw = step(autodiff_for_w)
+    np.testing.assert_allclose(dx, 2 * 5.0 * np.array([1.0, 2.0]))
+    np.testing.assert_allclose(dw, 2 * np.array([3.0, 4.0]))
+    dx, dw = step(custom_for_w)
+    np.testing.assert_allclose(dx, 2 * np.array([1.0, 2.0]))
+    np.testing.assert_allclose(dw, 2 * 7.0 * np.array([3.0, 4.0]))
+
+
+class CustomDense(keras.layers.Layer):
+    """A dense layer whose matmul carries a hand-written VJP scaled by `grad_scale`."""
+
+    def __init__(self, units, grad_scale=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.grad_scale = units, grad_scale
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), initializer="ones")
+
+    def call(self, x):
+        kernel, scale = self.kernel, self.grad_scale
+
+        @custom_gradient
+        def matmul(x, k):
+            return tf.matmul(x, k), lambda dy: (tf.matmul(dy, k, transpose_b=True), scale * tf.matmul(x, dy, True))
+
+        return matmul(x, tf.convert_to_tensor(kernel))
+
+
+def test_mixed_precision_autocast_variable_in_a_keras_layer():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        layer = CustomDense(2)
+        x = tf.constant([[1.0, 2.0, 3.0]])
+        with tf.GradientTape() as tape:
+            y = layer(x)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32))
+        (grad,) = tape.gradient(loss, layer.trainable_variables)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert y.dtype == tf.float16 and grad.dtype == tf.float32
+    np.testing.assert_array_equal(grad, [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+
+
+def test_keras_model_fit_uses_the_custom_rule():
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    y = x @ np.array([[1.0], [-2.0], [0.5]], np.float32)
+
+    def fitted_kernel(grad_scale):
+        model = keras.Sequential([keras.Input((3,)), CustomDense(1, grad_scale=grad_scale)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        history = model.fit(x, y, epochs=30, batch_size=64, verbose=0)
+        return model.layers[0].kernel.numpy(), history.history["loss"]
+
+    kernel, losses = fitted_kernel(1.0)
+    np.testing.assert_allclose(kernel, [[1.0], [-2.0], [0.5]], atol=0.05)
+    assert losses[-1] < 1e-2 * losses[0]
+    frozen, _ = fitted_kernel(0.0)  # a zero custom gradient for the kernel: training cannot move it
+    np.testing.assert_array_equal(frozen, np.ones((3, 1)))
+
+
+# ---------------------------------------------------------------- exact for any function
+
+
+A = tf.constant([[1.0, 2.0, -1.0], [0.5, 3.0, 4.0]])
+
+
+@custom_gradient
+def matvec(x):
+    return tf.linalg.matvec(A, x), lambda dy: tf.linalg.matvec(A, dy, transpose_a=True)
+
+
+def test_matmul_vjp_jvp_and_jacobian_equal_autodiff(mode):
+    x = tf.constant([1.0, -2.0, 0.5])
+
+    def derivatives(fn, x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+        return tape.jacobian(y, x), vjp(fn, x, tf.constant([2.0, -1.0])), jvp(fn, x, tf.constant([1.0, 0.0, 3.0]))
+
+    ours = in_mode(lambda x: derivatives(matvec, x), mode)(x)
+    truth = derivatives(lambda x: tf.linalg.matvec(A, x), x)
+    for a, b in zip(ours, truth, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@st.composite
+def matmul_cases(draw):
+    n, k, m = (draw(st.integers(0, 4)) for _ in range(3))
+    floats = st.floats(-3, 3, width=64)
+    return [draw(hnp.arrays(np.float64, shape, elements=floats)) for shape in ((n, k), (k, m), (n, m), (n, k), (k, m))]
+
+
+@given(case=matmul_cases())
+def test_matmul_of_two_arguments_any_shape_matches_autodiff(case):
+    a, b, w, ta, tb = (tf.constant(c) for c in case)
+
+    @custom_gradient
+    def product(a, b):
+        return tf.matmul(a, b), lambda dy: (tf.matmul(dy, b, transpose_b=True), tf.matmul(a, dy, transpose_a=True))
+
+    def both(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([a, b])
+            y = fn(a, b)
+        with tf.autodiff.ForwardAccumulator([a, b], [ta, tb]) as acc:
+            y2 = fn(a, b)
+        return [*tape.gradient(y, [a, b], output_gradients=w), acc.jvp(y2, tf.UnconnectedGradients.ZERO)]
+
+    for ours, truth in zip(both(product), both(tf.matmul), strict=True):
+        np.testing.assert_allclose(ours, truth, rtol=1e-12, atol=1e-12)
+
+
+def test_reduction_broadcasting_and_several_outputs(mode):
+    @custom_gradient
+    def stats(x, y):
+        total = x + y  # [3, 1] + [4] -> [3, 4]
+
+        def grad(d_sum, d_sq):
+            g = d_sum + 2 * d_sq * tf.reduce_sum(total)
+            return tf.reduce_sum(g, axis=1, keepdims=True), tf.reduce_sum(g, axis=0)
+
+        return (total, tf.reduce_sum(total) ** 2), grad
+
+    def truth(x, y):
+        total = x + y
+        return total, tf.reduce_sum(total) ** 2
+
+    def grads(fn, x, y):
+        with tf.GradientTape() as tape:
+            tape.watch([x, y])
+            a, b = fn(x, y)
+            loss = tf.reduce_sum(a * tf.reshape(tf.range(12.0), [3, 4])) + 0.5 * b
+        return tape.gradient(loss, [x, y])
+
+    x, y = tf.constant([[1.0], [2.0], [-1.0]]), tf.constant([0.5, 0.0, 1.0, 2.0])
+    ours = in_mode(lambda x, y: grads(stats, x, y), mode)(x, y)
+    for a, b in zip(ours, grads(truth, x, y), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_nested_structures_jax_style_grad_and_dict_output(mode):
+    @custom_gradient
+    def polar(params):
+        r, theta = params["r"], params["theta"]
+
+        def grad(upstream):  # one structured argument, as in JAX
+            dx, dy = upstream["x"], upstream["y"]
+            d_r = dx * tf.cos(theta) + dy * tf.sin(theta)
+            return {"r": d_r, "theta": r * (dy * tf.cos(theta) - dx * tf.sin(theta))}
+
+        return {"x": r * tf.cos(theta), "y": r * tf.sin(theta)}, grad
+
+    def truth(params):
+        return {"x": params["r"] * tf.cos(params["theta"]), "y": params["r"] * tf.sin(params["theta"])}
+
+    def grads(fn, r, theta):
+        with tf.GradientTape() as tape:
+            tape.watch([r, theta])
+            out = fn({"r": r, "theta": theta})
+            loss = tf.reduce_sum(3.0 * out["x"] - out["y"])
+        return tape.gradient(loss, [r, theta])
+
+    r, theta = tf.constant([1.0, 2.0]), tf.constant([0.3, -1.2])
+    ours = in_mode(lambda r, t: grads(polar, r, t), mode)(r, theta)
+    for a, b in zip(ours, grads(truth, r, theta), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@custom_gradient
+def power(x, exponent=2.0, label="unused"):
+    return x**exponent, lambda dy: dy * exponent * x ** (exponent - 1)
+
+
+def test_keyword_arguments_are_constants_inside_tf_function(mode):
+    x = tf.constant([1.0, 2.0])
+    grad = in_mode(lambda x: vjp(lambda x: power(x, exponent=tf.constant(3.0), label="cube"), x), mode)(x)
+    np.testing.assert_array_equal(grad, [3.0, 12.0])
+
+    @tf.custom_gradient
+    def anchor(x, exponent=2.0):
+        return x**exponent, lambda dy: dy * exponent * x ** (exponent - 1)
+
+    with pytest.raises(Exception, match="keyword"):  # the anchor's measured defect
+        tf.function(lambda x: vjp(lambda x: anchor(x, exponent=3.0), x))(x)
+
+
+def test_every_argument_a_keyword_keeps_the_custom_gradient():
+    @custom_gradient
+    def clipped_identity(x):
+        return x, lambda dy: 0.5 * dy
+
+    @tf.custom_gradient
+    def anchor(x):
+        return x, lambda dy: 0.5 * dy
+
+    x = tf.constant([1.0, 2.0])
+    np.testing.assert_array_equal(vjp(lambda x: clipped_identity(x=x), x), [0.5, 0.5])
+    np.testing.assert_array_equal(vjp(lambda x: anchor(x=x), x), [1.0, 1.0])  # the anchor drops it silently
+
+
+def test_python_scalars_none_strings_and_integer_tensors_among_args(mode):
+    @custom_gradient
+    def mixed(x, n, nothing, text, count, flag):
+        assert nothing is None and text == "tag" and n == 3
+        y = x * tf.cast(count, x.dtype) * n
+        return y, lambda dy: (dy * tf.cast(count, x.dtype) * n, None, None, None, None, None)
+
+    def grads(x):
+        return vjp(lambda x: mixed(x, 3, None, "tag", tf.constant(2), tf.constant(True)), x)
+
+    np.testing.assert_array_equal(in_mode(grads, mode)(tf.constant([1.0, -1.0])), [6.0, 6.0])
+
+
+def test_none_gradient_for_one_input_and_the_same_tensor_twice(mode):
+    @custom_gradient
+    def product(a, b):
+        return a * b, lambda dy: (dy * b, None)
+
+    def grads(x):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            twice = product(x, x)  # only the first argument gets a gradient
+            y = tf.constant(2.0)
+            other = product(x, y)
+        return tape.gradient(twice, x), tape.gradient(other, x)
+
+    twice, other = in_mode(grads, mode)(tf.constant([3.0, -1.0]))
+    np.testing.assert_array_equal(twice, [3.0, -1.0])
+    np.testing.assert_array_equal(other, [2.0, 2.0])
+
+
+def test_zero_size_inputs(mode):
+    x = tf.zeros([0, 3])
+    np.testing.assert_array_equal(in_mode(lambda x: vjp(log1pexp_tf, x), mode)(x), np.zeros([0, 3]))
+
+
+def test_python_control_flow_on_values_in_eager():
+    @custom_gradient
+    def piecewise(x):
+        if float(tf.reduce_sum(x)) > 0:
+            return 2 * x, lambda dy: 2 * dy
+        return -x, lambda dy: -dy
+
+    np.testing.assert_array_equal(vjp(piecewise, tf.constant([1.0, 2.0])), [2.0, 2.0])
+    np.testing.assert_array_equal(vjp(piecewise, tf.constant([-1.0, -2.0])), [-1.0, -1.0])
+
+
+# ---------------------------------------------------------------- the TF docs' examples
+
+
+def test_docs_x_times_y(mode):
+    @custom_gradient
+    def bar(x, y):
+        return x * y, lambda dy: (dy * y, dy * x)
+
+    def grads(x, y):
+        with tf.GradientTape() as tape:
+            tape.watch([x, y])
+            z = bar(x, y)
+        return z, tape.gradient(z, [x, y])
+
+    z, (dx, dy) = in_mode(grads, mode)(tf.constant(2.0), tf.constant(3.0))
+    assert (z.numpy(), dx.numpy(), dy.numpy()) == (6.0, 3.0, 2.0)
+
+
+def test_docs_shuffle_behind_stop_gradient():
+    x = tf.constant([0.3, 0.5])
+
+    @custom_gradient
+    def shuffled(x):
+        @tf.function
+        def inner():
+            return tf.stop_gradient(tf.random.shuffle(x))
+
+        return inner(), lambda upstream: upstream
+
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        result = shuffled(x)
+    assert sorted(result.numpy().tolist()) == pytest.approx([0.3, 0.5])
+    np.testing.assert_array_equal(tape.gradient(result, x), [1.0, 1.0])
+
+
+def test_docs_triple_identity_applied_twice_gives_nine(mode):
+    @custom_gradient
+    def triple_grad_identity(x):
+        return tf.identity(x), lambda dy: 3 * dy
+
+    x = tf.constant(5.0)
+    assert in_mode(lambda x: vjp(lambda x: triple_grad_identity(triple_grad_identity(x)), x), mode)(x).numpy() == 9.0
+
+
+def test_side_by_side_with_tf_custom_gradient_where_it_is_right(mode):
+    def make(decorator):
+        @decorator
+        def softsign(x, y):
+            denominator = 1 + tf.abs(x * y)
+            return x * y / denominator, lambda dy: (dy * y / denominator**2, dy * x / denominator**2)
+
+        return softsign
+
+    def grads(fn, x, y):
+        with tf.GradientTape() as tape:
+            tape.watch([x, y])
+            z = fn(x, y)
+        return [z, *tape.gradient(z, [x, y], output_gradients=tf.constant([1.0, -2.0, 0.5]))]
+
+    x, y = tf.constant([1.0, -2.0, 0.3]), tf.constant([0.5, 4.0, -3.0])
+    ours = in_mode(lambda x, y: grads(make(custom_gradient), x, y), mode)(x, y)
+    anchor = grads(make(tf.custom_gradient), x, y)
+    for a, b in zip(ours, anchor, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- modes, saving, registry
+
+
+def test_vectorized_map_and_jacobian_of_matvec(mode):
+    xs = tf.constant([[1.0, 2.0, 3.0], [-1.0, 0.0, 2.0]])
+
+    def per_example(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.reduce_sum(matvec(x) * tf.constant([1.0, 2.0]))
+        return tape.gradient(y, x)
+
+    grads = in_mode(lambda xs: tf.vectorized_map(per_example, xs), mode)(xs)
+    expected = tf.linalg.matvec(A, tf.constant([1.0, 2.0]), transpose_a=True)
+    np.testing.assert_allclose(grads, tf.stack([expected, expected]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("custom_gradients", [True, False])
+def test_saved_model_round_trip(tmp_path, custom_gradients):
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+        def __call__(self, x):
+            return tf.vectorized_map(matvec, x)
+
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=custom_gradients)
+    tf.saved_model.save(Model(), str(tmp_path), options=options)
+    loaded = tf.saved_model.load(str(tmp_path))
+    x = tf.constant([[1.0, 2.0, 3.0]])
+    w = tf.constant([[1.0, -1.0]])
+    grad = tf.convert_to_tensor(vjp(loaded, x, w))  # may arrive as IndexedSlices
+    np.testing.assert_allclose(grad, vjp(lambda x: tf.matmul(x, A, transpose_b=True), x, w), rtol=1e-6)
+
+
+def test_nothing_is_registered_in_the_gradient_registry():
+    from tensorflow.python.framework import ops
+
+    before = len(ops.gradient_registry.list())
+
+    @custom_gradient
+    def fresh(x):
+        return 2 * x, lambda dy: 2 * dy
+
+    tf.function(lambda x: vjp(fresh, x))(tf.constant(1.0))
+    assert len(ops.gradient_registry.list()) == before
+
+
+def test_eager_with_nothing_watching_returns_y_as_f_computed_it():
+    seen = {}
+
+    @custom_gradient
+    def f(x):
+        seen["y"] = tf.exp(x)
+        return seen["y"], lambda dy: dy * seen["y"]
+
+    assert f(tf.constant(1.0)) is seen["y"]
+
+
+# ---------------------------------------------------------------- higher order
+
+
+def test_order_one_second_derivative_is_unconnected():
+    x = tf.constant(1.5)
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        grad = vjp(log1pexp_tf, x)
+    assert outer.gradient(grad, x) is None
+
+
+@custom_gradient(order=2)
+def sin_times_x(x):
+    return tf.sin(x) * x, lambda dy: dy * (tf.cos(x) * x + tf.sin(x))
+
+
+def test_order_two_hessian_hvp_and_forward_over_reverse(mode):
+    def derivatives(fn, x):
+        with tf.GradientTape() as outer:
+            outer.watch(x)
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                y = tf.reduce_sum(fn(x) * tf.constant([1.0, 2.0, -1.0], x.dtype))
+            grad = inner.gradient(y, x)
+        hessian = outer.jacobian(grad, x)
+        with tf.autodiff.ForwardAccumulator(x, tf.constant([1.0, -1.0, 0.5], x.dtype)) as acc:
+            forward_over_reverse = vjp(fn, x, tf.constant([1.0, 2.0, -1.0], x.dtype))
+        return grad, hessian, acc.jvp(forward_over_reverse)
+
+    x = tf.constant([0.3, -1.2, 2.0], tf.float64)
+    ours = in_mode(lambda x: derivatives(sin_times_x, x), mode)(x)
+    truth = derivatives(lambda x: tf.sin(x) * x, x)
+    for a, b in zip(ours, truth, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_order_two_value_is_exact_and_first_derivative_unchanged(mode):
+    x = tf.constant([-0.0, 1.0, 2.0])
+    y = in_mode(lambda x: vjp(sin_times_x, x) * 0 + sin_times_x(x), mode)(x)
+    np.testing.assert_array_equal(y, tf.sin(x) * x)
+
+
+def test_order_two_first_derivative_turns_nan_where_grad_fn_overflows():
+    log1pexp2 = custom_gradient(order=2)(log1pexp_tf.__wrapped__)
+    x = tf.constant([0.0, 100.0])
+    grad = vjp(log1pexp2, x)
+    assert grad.numpy()[0] == 0.5 and np.isnan(grad.numpy()[1])  # documented; order=1 gives 1.0
+    np.testing.assert_array_equal(vjp(log1pexp_tf, x), [0.5, 1.0])
+
+
+# ---------------------------------------------------------------- linearity and errors
+
+
+def test_grad_fn_without_path_to_upstream_is_refused():
+    @custom_gradient
+    def constant_grad(x):
+        return x, lambda dy: tf.ones_like(x)
+
+    with pytest.raises(ValueError, match="linear in the upstream"):
+        vjp(constant_grad, tf.constant([1.0]))
+
+
+def test_grad_fn_nonzero_at_zero_is_refused():
+    @custom_gradient
+    def shifted(x):
+        return x, lambda dy: dy + 1.0
+
+    with pytest.raises(ValueError, match=r"grad_fn\(0\) is not zero"):
+        vjp(shifted, tf.constant([1.0]))
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_opt_in_superposition_check_catches_gradient_clipping(mode):
+    def clipped(x):
+        return x * 2.0, lambda dy: tf.clip_by_norm(dy, 0.1) * 2.0
+
+    checked = custom_gradient(check_linearity=True)(clipped)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="not linear"):
+        in_mode(lambda x: vjp(checked, x), mode)(tf.constant([1.0, 2.0, 3.0]))
+    linear = custom_gradient(check_linearity=True)(log1pexp_tf.__wrapped__)
+    np.testing.assert_allclose(vjp(linear, tf.constant(0.0)), 0.5)
+
+
+def test_f_not_returning_a_pair_is_a_type_error():
+    with pytest.raises(TypeError, match=r"pair \(y, grad_fn\)"):
+        vjp(custom_gradient(lambda x: x * 2), tf.constant(1.0))
+
+
+def test_wrong_number_of_gradients_is_a_value_error():
+    @custom_gradient
+    def f(x, y):
+        return x * y, lambda dy: dy * y
+
+    with pytest.raises(ValueError, match="returned 1 gradients"):
+        vjp(lambda x: f(x, x), tf.constant(1.0))
+
+
+def test_wrong_gradient_shape_names_the_argument_at_trace_time():
+    @custom_gradient
+    def f(x):
+        return tf.reduce_sum(x), lambda dy: tf.fill([4], dy)
+
+    traced = tf.function(lambda x: vjp(f, x))
+    with pytest.raises(ValueError, match=r"shape \(4,\) for args\[0\] of shape \(3,\)"):
+        traced.get_concrete_function(tf.TensorSpec([3]))
+
+
+def test_integer_gradient_is_a_value_error():
+    @custom_gradient
+    def f(x):
+        return x, lambda dy: tf.constant([1])
+
+    with pytest.raises(ValueError, match="int32 gradient for args"):
+        vjp(f, tf.constant([1.0]))
+
+
+def test_order_must_be_one_or_two():
+    with pytest.raises(ValueError, match="order must be 1 or 2"):
+        custom_gradient(order=3)(lambda x: (x, lambda dy: dy))
