@@ -216,7 +216,7 @@ def _jacobian_times_zeros(plan: _Plan, check_linearity: bool) -> list:
     linearity.check_at_zero(targets, names)
     if check_linearity:
         linearity.check_superposition(lambda ups: _gradients(plan, ups)[0], upstreams)
-    if not targets:
+    if not targets or not watched:
         return [None] * len(watched)
     zeros = [tf.cast(z, g.dtype) if z.dtype != g.dtype else z for z, g in zip(zeros, targets, strict=True)]
     products = inner.gradient(targets, watched, output_gradients=zeros)

@@ -416,6 +416,18 @@ def test_none_gradient_for_one_input_and_the_same_tensor_twice(mode):
     np.testing.assert_array_equal(other, [2.0, 2.0])
 
 
+def test_integer_output_passes_through_without_a_derivative():
+    @custom_gradient
+    def count_positive(x):
+        return tf.reduce_sum(tf.cast(x > 0, tf.int32)), lambda dy: tf.zeros_like(x)
+
+    x = tf.constant([1.0, -2.0, 3.0])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        count = count_positive(x)
+    assert count.numpy() == 2 and count.dtype == tf.int32
+
+
 def test_zero_size_inputs(mode):
     x = tf.zeros([0, 3])
     np.testing.assert_array_equal(in_mode(lambda x: vjp(log1pexp_tf, x), mode)(x), np.zeros([0, 3]))
