@@ -5,8 +5,25 @@ with value f and gradient g, built so that its value is exact and its
 derivative right in every mode TensorFlow has.
 """
 
+from stopgrad_math.checking import GradientReport, assert_gradient, check_gradient
 from stopgrad_math.embedding import custom_gradient
+from stopgrad_math.estimators import magic_box, reverse_gradient, scale_gradient, straight_through
 from stopgrad_math.identity import zero_with_gradient
+from stopgrad_math.partial import partial_custom_gradient
+from stopgrad_math.stops import stop_gradient, stop_gradient_where
 
-__all__ = ["custom_gradient", "zero_with_gradient"]
+__all__ = [
+    "GradientReport",
+    "assert_gradient",
+    "check_gradient",
+    "custom_gradient",
+    "magic_box",
+    "partial_custom_gradient",
+    "reverse_gradient",
+    "scale_gradient",
+    "stop_gradient",
+    "stop_gradient_where",
+    "straight_through",
+    "zero_with_gradient",
+]
 __version__ = "0.1.0"

@@ -210,6 +210,19 @@ def custom_gradient(
         return _embed(fx, planned, fx_gx_manually_stopped)
 
 
+def scaled_identity(x: tf.Tensor | tf.Variable, scale: Any, what: str = "scale") -> tf.Tensor:
+    """Value x exactly, derivative ``scale`` broadcast against x (never read as a Jacobian)."""
+    x = tf.convert_to_tensor(x)
+    _require_float(x.dtype, "x")
+    scale = _tensor_like(scale, what, dtype_hint=x.dtype)
+    _require_float(scale.dtype, what)
+    if not gradient_layout.broadcasts_to(scale.shape, x.shape):
+        raise ValueError(f"{what} of shape {scale.shape} does not broadcast against x of shape {x.shape}.")
+    if identity.nothing_records():
+        return x
+    return _embed(x, [("x", gradient_layout.Layout.ELEMENTWISE, scale, x)], manually_stopped=False)
+
+
 def _embed(fx: tf.Tensor, planned: list, manually_stopped: bool) -> tf.Tensor:
     maybe_stop = (lambda t: t) if manually_stopped else tf.stop_gradient
     terms = []

@@ -43,12 +43,22 @@ def _one_element_possible(shape: tf.TensorShape) -> bool:
     return all(d is None or d == 1 for d in shape.as_list())
 
 
+def fits_elementwise(fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> bool:
+    """Whether broadcast(gx.shape, x.shape) can be fx.shape."""
+    product = _broadcast(gx, x)
+    return product is not None and product.is_compatible_with(fx)
+
+
+def broadcasts_to(shape: tf.TensorShape, target: tf.TensorShape) -> bool:
+    """Whether a tensor of ``shape`` can broadcast to exactly ``target``."""
+    return fits_elementwise(target, target, shape)
+
+
 def _fits(layout: Layout, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> bool:
     if layout is Layout.JACOBIAN:
         return gx.is_compatible_with(fx.concatenate(x))
     if layout is Layout.ELEMENTWISE:
-        product = _broadcast(gx, x)
-        return product is not None and product.is_compatible_with(fx)
+        return fits_elementwise(fx, x, gx)
     if layout is Layout.SCALAR:
         return _one_element_possible(fx) and gx.is_compatible_with(x)
     return gx.is_compatible_with(x)

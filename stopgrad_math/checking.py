@@ -1,0 +1,222 @@
+"""check_gradient: a function's reverse- and forward-mode derivatives against float64 finite differences."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+_FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+_RTOL = {tf.float16: 3e-2, tf.bfloat16: 3e-2, tf.float32: 1e-3, tf.float64: 1e-6}
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgumentReport:
+    """How one argument's derivative, in one mode, compares with finite differences."""
+
+    argument: int
+    mode: str  # "reverse" or "forward"
+    passed: bool
+    max_abs_error: float
+    max_rel_error: float
+    worst_index: tuple[int, ...] | None
+    computed: float  # the derivative under test at the worst element
+    numeric: float  # the finite-difference derivative there
+    checked: int  # elements compared
+    skipped: int  # elements where fn or its finite difference is not finite
+    numeric_dtype: str  # float64, or the argument's dtype where fn cannot take float64
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientReport:
+    """The result of ``check_gradient``: ``passed`` and one row per argument and mode."""
+
+    rows: tuple[ArgumentReport, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(row.passed for row in self.rows)
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((row.max_abs_error for row in self.rows), default=0.0)
+
+    @property
+    def max_rel_error(self) -> float:
+        return max((row.max_rel_error for row in self.rows), default=0.0)
+
+    def __str__(self) -> str:
+        header = f"{'arg':>4} {'mode':>8} {'ok':>3} {'max abs err':>12} {'max rel err':>12} {'worst at':>10}"
+        header += f" {'computed':>13} {'numeric':>13} {'checked':>8} {'skipped':>8} {'differences in':>14}"
+        lines = [header]
+        for r in self.rows:
+            where = "-" if r.worst_index is None else str(list(r.worst_index))
+            lines.append(
+                f"{r.argument:>4} {r.mode:>8} {'yes' if r.passed else 'NO':>3} {r.max_abs_error:>12.4g} "
+                f"{r.max_rel_error:>12.4g} {where:>10} {r.computed:>13.6g} {r.numeric:>13.6g} "
+                f"{r.checked:>8} {r.skipped:>8} {r.numeric_dtype:>14}"
+            )
+        return "\n".join(lines)
+
+
+def _weighted_sum(fn: Callable, args: Sequence[Any], weights: Sequence[np.ndarray]) -> tf.Tensor:
+    """⟨w, fn(*args)⟩ over every floating output leaf, in float64."""
+    outputs = [tf.convert_to_tensor(t) for t in tf.nest.flatten(fn(*args))]
+    total = tf.constant(0.0, tf.float64)
+    for out, w in zip(outputs, weights, strict=True):
+        if out.dtype.base_dtype in _FLOATS:
+            total += tf.reduce_sum(tf.math.multiply_no_nan(tf.cast(out, tf.float64), w))
+    return total
+
+
+def _output_weights(fn: Callable, args: Sequence[Any], seed: int) -> tuple[list[np.ndarray], bool]:
+    """Random weights in [0.5, 1.5], zero on outputs that are not finite at the point."""
+    rng = np.random.default_rng(seed)
+    weights, any_not_finite = [], False
+    for out in tf.nest.flatten(fn(*args)):
+        value = np.asarray(tf.cast(out, tf.float64)) if tf.convert_to_tensor(out).dtype in _FLOATS else 0.0
+        finite = np.isfinite(value)
+        any_not_finite |= not np.all(finite)
+        weights.append(np.where(finite, rng.uniform(0.5, 1.5, np.shape(value)), 0.0))
+    return weights, any_not_finite
+
+
+def _numeric(fn, args, index, weights, step_scale) -> np.ndarray:
+    """Central differences of ⟨w, fn⟩ w.r.t. every element of args[index], in that argument's dtype."""
+    dtype = args[index].dtype
+    x = np.asarray(tf.cast(args[index], tf.float64))
+    result = np.empty(x.shape)
+    for position in np.ndindex(x.shape):
+        step = step_scale * max(1.0, abs(x[position]))
+        shifted = []
+        for sign in (1.0, -1.0):
+            moved = x.copy()
+            moved[position] += sign * step
+            values = list(args)
+            values[index] = tf.constant(moved, dtype)
+            shifted.append(float(_weighted_sum(fn, values, weights)))
+        result[position] = (shifted[0] - shifted[1]) / (2 * step)
+    return result
+
+
+def _reverse(fn, args, index, weights) -> np.ndarray:
+    x = args[index]
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        total = _weighted_sum(fn, args, weights)
+    grad = tape.gradient(total, x, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return tf.cast(tf.convert_to_tensor(grad), tf.float64).numpy()
+
+
+def _forward(fn, args, index, weights) -> np.ndarray:
+    x = args[index]
+    result = np.empty(x.shape)
+    for position in np.ndindex(*x.shape):
+        basis = np.zeros(x.shape)
+        basis[position] = 1.0
+        with tf.autodiff.ForwardAccumulator(x, tf.constant(basis, x.dtype)) as acc:
+            total = _weighted_sum(fn, args, weights)
+        result[position] = float(acc.jvp(total, unconnected_gradients=tf.UnconnectedGradients.ZERO))
+    return result
+
+
+def _numeric_preferring_float64(fn, args, index, weights, step) -> tuple[np.ndarray, str]:
+    args64 = [tf.cast(a, tf.float64) if j == index else a for j, a in enumerate(args)]
+    try:
+        return _numeric(fn, args64, index, weights, step), "float64"
+    except (TypeError, ValueError, tf.errors.InvalidArgumentError):
+        # fn mixes the argument with tensors of its own dtype: difference in that
+        # dtype, with the step that balances truncation and rounding there.
+        dtype = args[index].dtype
+        return _numeric(fn, args, index, weights, float(np.finfo(dtype.as_numpy_dtype).eps) ** (1 / 3)), dtype.name
+
+
+def _compare(argument, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite) -> ArgumentReport:
+    rtol, atol = tolerance
+    valid = np.isfinite(numeric)
+    if fn_not_finite:  # 0·NaN from an output left out: that element cannot be judged
+        valid &= ~np.isnan(computed)
+    error = np.where(valid, np.abs(computed - numeric), 0.0)
+    error = np.where(valid & ~np.isfinite(computed), np.inf, error)
+    relative = error / np.maximum(np.abs(numeric), np.finfo(np.float64).tiny)
+    bad = error > atol + rtol * np.abs(np.where(valid, numeric, 0.0))
+    if not valid.any():
+        return ArgumentReport(argument, mode, True, 0.0, 0.0, None, np.nan, np.nan, 0, int(valid.size), numeric_dtype)
+    worst = np.unravel_index(np.argmax(np.where(valid, error, -1.0)), error.shape)
+    return ArgumentReport(
+        argument, mode, not bad.any(), float(error.max()), float(relative[valid].max()),
+        tuple(int(i) for i in worst), float(computed[worst]), float(numeric[worst]),
+        int(valid.sum()), int((~valid).sum()), numeric_dtype,
+    )
+
+
+def check_gradient(
+    fn: Callable[..., Any],
+    *args: Any,
+    rtol: float | None = None,
+    atol: float | None = None,
+    step: float = 6e-6,
+    seed: int = 0,
+) -> GradientReport:
+    """Compares fn's gradients (reverse and forward mode) with float64 central differences.
+
+    For each floating argument, the derivative of ⟨w, fn(*args)⟩ (w fixed
+    random weights over every floating output, so a single check covers the
+    whole Jacobian's action) is computed by GradientTape and by one
+    ForwardAccumulator per element, in the arguments' own dtype, and compared
+    elementwise with central differences of fn evaluated on the arguments
+    cast to float64, with a relative step ``step·max(1, |x|)``. Where fn
+    cannot take float64 (it mixes x with float32 constants or variables),
+    the differences are taken in x's dtype with the step eps^(1/3) and the
+    report says so. The "computed" and "numeric" values in the report are
+    derivatives of the weighted sum. An element passes when
+    ``|computed − numeric| ≤ atol + rtol·|numeric|`` (defaults by dtype:
+    rtol 1e-3 for float32, 1e-6 for float64, 3e-2 for 16-bit floats; atol =
+    rtol). Outputs that are not finite at the point get weight 0. Elements
+    whose finite difference is not finite (fn not finite nearby), or whose
+    derivative is NaN while some output is not finite at the point (0·NaN),
+    are skipped and counted; any other non-finite computed derivative where
+    the finite difference is finite fails. Integer and other non-floating
+    arguments are passed through unchanged.
+
+    Returns:
+      A GradientReport: ``passed``, ``max_abs_error``, ``max_rel_error`` and,
+      per argument and mode, the worst element with both values;
+      ``str(report)`` is a table.
+
+    Example:
+
+    >>> def log1pexp(x):
+    ...   return custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x)
+    >>> check_gradient(log1pexp, tf.constant([-3.0, 0.0, 5.0])).passed
+    True
+    """
+    args = [tf.convert_to_tensor(a) if isinstance(a, (tf.Variable, np.ndarray, float)) else a for a in args]
+    floating = [i for i, a in enumerate(args) if isinstance(a, tf.Tensor) and a.dtype.base_dtype in _FLOATS]
+    weights, fn_not_finite = _output_weights(fn, args, seed)
+    rows = []
+    for i in floating:
+        rtol_i = _RTOL[args[i].dtype.base_dtype] if rtol is None else rtol
+        tolerance = (rtol_i, rtol_i if atol is None else atol)
+        numeric, numeric_dtype = _numeric_preferring_float64(fn, args, i, weights, step)
+        for mode, derivative in (("reverse", _reverse), ("forward", _forward)):
+            computed = derivative(fn, args, i, weights)
+            rows.append(_compare(i, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite))
+    return GradientReport(tuple(rows))
+
+
+def assert_gradient(fn: Callable[..., Any], *args: Any, **options: Any) -> GradientReport:
+    """Raises AssertionError with check_gradient's table unless it passed; returns the report.
+
+    Example:
+
+    >>> assert_gradient(lambda x: x**2, tf.constant([1.0, 2.0], tf.float64)).passed
+    True
+    """
+    report = check_gradient(fn, *args, **options)
+    if not report.passed:
+        raise AssertionError(f"gradient check failed:\n{report}")
+    return report

@@ -1,0 +1,107 @@
+"""Gradient estimators that are identities in value: straight-through, scaling, DiCE."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from stopgrad_math import identity
+from stopgrad_math.embedding import scaled_identity
+from stopgrad_math.gradient_layout import broadcasts_to
+
+
+def straight_through(forward: Any, backward: Any) -> tf.Tensor:
+    """Returns the value of ``forward`` with the gradient of ``backward``.
+
+    ``stop(forward) − (stop(backward) − backward)``: the subtracted term is
+    exactly +0.0, so the value is forward bit for bit, never the rounded
+    ``backward + stop(forward − backward)``; the derivative is backward's.
+    ``backward`` broadcasts to forward's shape and is cast to its dtype. At an
+    element where backward is inf or NaN the value is kept and no gradient
+    passes. Nested structures are mapped leaf by leaf.
+
+    Example: round in the forward pass, identity in the backward pass.
+
+    >>> x = tf.constant([0.4, 1.6])
+    >>> with tf.GradientTape() as tape:
+    ...   tape.watch(x)
+    ...   y = straight_through(tf.round(x), x)
+    >>> y.numpy(), tape.gradient(y, x).numpy()
+    (array([0., 2.], dtype=float32), array([1., 1.], dtype=float32))
+    """
+    return tf.nest.map_structure(_straight_through_leaf, forward, backward)
+
+
+def _straight_through_leaf(forward: Any, backward: Any) -> tf.Tensor:
+    forward = tf.convert_to_tensor(forward)
+    backward = tf.convert_to_tensor(backward, dtype_hint=forward.dtype)
+    if not broadcasts_to(backward.shape, forward.shape):
+        raise ValueError(f"backward of shape {backward.shape} does not broadcast to forward of shape {forward.shape}.")
+    if identity.nothing_records():
+        return forward
+    if backward.dtype != forward.dtype:
+        backward = tf.cast(backward, forward.dtype)
+    term = identity.zero_with_slope(backward, slope_is_negative=True)
+    return identity.attach(tf.stop_gradient(forward), [term])
+
+
+def scale_gradient(x: Any, scale: Any) -> Any:
+    """Returns x with its gradient multiplied by ``scale``.
+
+    The elementwise identity with f = x and g = scale: the value is x bit for
+    bit and d/dx is scale (broadcast against x, no gradient to scale). A
+    tf.Variable scale can follow a schedule. Nested structures of x are
+    mapped leaf by leaf with the same scale.
+
+    Example:
+
+    >>> x = tf.constant([1.0, 2.0])
+    >>> with tf.GradientTape() as tape:
+    ...   tape.watch(x)
+    ...   y = scale_gradient(x, 0.1)
+    >>> tape.gradient(y, x).numpy()
+    array([0.1, 0.1], dtype=float32)
+    """
+    return tf.nest.map_structure(lambda leaf: scaled_identity(leaf, scale), x)
+
+
+def reverse_gradient(x: Any, scale: Any = 1.0) -> Any:
+    """Returns x with its gradient multiplied by −scale (gradient reversal).
+
+    Example:
+
+    >>> x = tf.constant(3.0)
+    >>> with tf.GradientTape() as tape:
+    ...   tape.watch(x)
+    ...   y = reverse_gradient(x, 0.5)
+    >>> float(tape.gradient(y, x))
+    -0.5
+    """
+    return tf.nest.map_structure(lambda leaf: scaled_identity(leaf, -tf.convert_to_tensor(scale), "scale"), x)
+
+
+def magic_box(tau: Any) -> tf.Tensor:
+    """Returns the DiCE operator: value 1, d magic_box(τ) = magic_box(τ)·dτ at every order.
+
+    ``exp(τ − stop(τ))`` with the identity's exact zero: exp(+0.0) is 1.0
+    exactly, also where τ is inf or NaN, and since the exponent has derivative
+    dτ at every order, every derivative of magic_box(τ) is that of exp(τ)
+    divided by exp(stop(τ)). Multiplying a cost by magic_box of the summed
+    log-probabilities of the samples it depends on gives score-function
+    gradient estimates of any order.
+
+    Example: τ = θ² at θ = 0.3, first derivative 2θ = 0.6, second (2θ)² + 2.
+
+    >>> theta = tf.constant(0.3)
+    >>> with tf.GradientTape() as outer:
+    ...   outer.watch(theta)
+    ...   with tf.GradientTape() as inner:
+    ...     inner.watch(theta)
+    ...     box = magic_box(theta**2)
+    ...   first = inner.gradient(box, theta)
+    >>> round(float(first), 6), round(float(outer.gradient(first, theta)), 6)
+    (0.6, 2.36)
+    """
+    tau = tf.convert_to_tensor(tau)
+    return tf.exp(identity.zero_with_slope(tau, slope_is_negative=False))

@@ -1,0 +1,50 @@
+"""Stopping gradients over structures and per element."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from stopgrad_math.gradient_layout import broadcasts_to
+
+
+def stop_gradient(structure: Any) -> Any:
+    """Returns ``tf.stop_gradient`` applied to every leaf of a nested structure.
+
+    Dicts, lists, tuples and namedtuples keep their structure; Tensors,
+    tf.Variables, NumPy arrays and Python numbers become stopped Tensors (as
+    ``tf.stop_gradient`` makes them); None leaves stay None.
+
+    Example:
+
+    >>> out = stop_gradient({"loc": tf.constant([1.0]), "scale": 2.0, "extra": None})
+    >>> sorted(out), out["scale"].numpy(), out["extra"]
+    (['extra', 'loc', 'scale'], np.float32(2.0), None)
+    """
+    return tf.nest.map_structure(lambda leaf: None if leaf is None else tf.stop_gradient(leaf), structure)
+
+
+def stop_gradient_where(x: Any, mask: Any) -> tf.Tensor:
+    """Returns x, with its gradient stopped where ``mask`` is true.
+
+    ``where(mask, stop(x), x)``: a select copies bits, so the value is x
+    exactly (inf, NaN and subnormals too); the gradient is the upstream where
+    mask is false and zero where it is true, the per-element stop that
+    ``tf.stop_gradient`` cannot express. ``mask`` is a bool tensor that
+    broadcasts to x's shape.
+
+    Example:
+
+    >>> x = tf.constant([1.0, 2.0, 3.0])
+    >>> with tf.GradientTape() as tape:
+    ...   tape.watch(x)
+    ...   y = stop_gradient_where(x, [True, False, True])
+    >>> tape.gradient(y, x).numpy()
+    array([0., 1., 0.], dtype=float32)
+    """
+    x = tf.convert_to_tensor(x)
+    mask = tf.convert_to_tensor(mask, dtype=tf.bool)
+    if not broadcasts_to(mask.shape, x.shape):
+        raise ValueError(f"mask of shape {mask.shape} does not broadcast to x of shape {x.shape}.")
+    return tf.where(mask, tf.stop_gradient(x), x)
