@@ -16,7 +16,7 @@ $(VENV)/.installed-demo: $(BIN)/python $(DEPS)
 	touch $@
 
 $(VENV)/.installed-test: $(BIN)/python $(DEPS)
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,notebooks]"
 	touch $@
 
 demo: $(VENV)/.installed-demo
