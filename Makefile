@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEPS := setup.cfg pyproject.toml
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ lint: $(VENV)/.installed-test
 
 test: lint
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

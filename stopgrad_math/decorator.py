@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -254,11 +255,14 @@ def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Call
     if order not in (1, 2):
         raise ValueError(f"order must be 1 or 2; got {order}.")
 
+    # A root name scope must start with a letter, digit or '.': '_f' and '<lambda>' would be refused.
+    scope = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(f, "__name__", "")).lstrip("_") or "custom_gradient"
+
     @functools.wraps(f)
     def embedded(*args, **kwargs):
         if identity.nothing_records():
             return _call_f(f, args, kwargs)[0]
-        with tf.name_scope(getattr(f, "__name__", "custom_gradient")):
+        with tf.name_scope(scope):
             return _embed(f, args, kwargs, order, check_linearity)
 
     return embedded

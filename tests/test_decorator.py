@@ -428,6 +428,16 @@ def test_integer_output_passes_through_without_a_derivative():
     assert count.numpy() == 2 and count.dtype == tf.int32
 
 
+def test_any_function_name_works_as_a_graph_scope(mode):
+    @custom_gradient
+    def _private(x):
+        return 2 * x, lambda dy: 2 * dy
+
+    anonymous = custom_gradient(lambda x: (3 * x, lambda dy: 3 * dy))
+    x = tf.constant([1.0])
+    assert in_mode(lambda x: vjp(_private, x) + vjp(anonymous, x), mode)(x).numpy().tolist() == [5.0]
+
+
 def test_zero_size_inputs(mode):
     x = tf.zeros([0, 3])
     np.testing.assert_array_equal(in_mode(lambda x: vjp(log1pexp_tf, x), mode)(x), np.zeros([0, 3]))

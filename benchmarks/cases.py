@@ -1,0 +1,170 @@
+"""The benchmark cases: each implementation of each case as a function of one input tensor.
+
+Every implementation of a case computes the same value and the same gradient,
+so the timings compare the cost of the custom-gradient mechanism alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+import stopgrad_math as sgm
+
+ANCHOR = "tf.custom_gradient"
+
+
+Implementations = dict[str, Callable[[tf.Tensor], tf.Tensor]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    description: str
+    setup: Callable[[int], tuple[Implementations, tf.Tensor]]  # n -> (implementations, input)
+    bytes_moved: Callable[[int], int]  # minimal bytes read and written by value + gradient
+
+
+# ---------------------------------------------------------------- log1pexp, elementwise
+
+
+@tf.custom_gradient
+def _tf_log1pexp(x):
+    return tf.math.softplus(x), lambda dy: dy * tf.math.sigmoid(x)
+
+
+@sgm.custom_gradient
+def _sgm_log1pexp(x):
+    return tf.math.softplus(x), lambda dy: dy * tf.math.sigmoid(x)
+
+
+@keras.ops.custom_gradient
+def _keras_log1pexp(x):
+    def grad(*args, upstream=None):
+        upstream = args[0] if upstream is None else upstream
+        return upstream * tf.math.sigmoid(x)
+
+    return tf.math.softplus(x), grad
+
+
+_LOG1PEXP_IMPLEMENTATIONS = {
+    "stopgrad_math identity": lambda x: sgm.custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x),
+    "stopgrad_math decorator": _sgm_log1pexp,
+    ANCHOR: _tf_log1pexp,
+    "tfp.math.custom_gradient": lambda x: tfp.math.custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x),
+    "keras ops.custom_gradient": _keras_log1pexp,
+    "plain autodiff (floor)": tf.math.softplus,
+}
+
+LOG1PEXP = Case(
+    "log1pexp",
+    "y = softplus(x) with the gradient sigmoid(x), elementwise; n = number of elements",
+    lambda n: (_LOG1PEXP_IMPLEMENTATIONS, tf.linspace(-20.0, 120.0, n)),
+    lambda n: 3 * 4 * n,  # read x, write y and the gradient
+)
+
+
+# ---------------------------------------------------------------- matmul, a VJP that is not elementwise
+
+_WIDTH = 64
+_W = tf.constant(np.random.default_rng(0).normal(size=(_WIDTH, _WIDTH)) / 8, tf.float32)
+
+
+def _matmul_vjp(dy):
+    return tf.matmul(dy, _W, transpose_b=True)
+
+
+@tf.custom_gradient
+def _tf_matmul(x):
+    return tf.matmul(x, _W), _matmul_vjp
+
+
+@sgm.custom_gradient
+def _sgm_matmul(x):
+    return tf.matmul(x, _W), _matmul_vjp
+
+
+@keras.ops.custom_gradient
+def _keras_matmul(x):
+    def grad(*args, upstream=None):
+        return _matmul_vjp(args[0] if upstream is None else upstream)
+
+    return tf.matmul(x, _W), grad
+
+
+_MATMUL_IMPLEMENTATIONS = {
+    "stopgrad_math decorator": _sgm_matmul,
+    ANCHOR: _tf_matmul,
+    "keras ops.custom_gradient": _keras_matmul,
+    "plain autodiff (floor)": lambda x: tf.matmul(x, _W),
+}
+
+
+def _rows(n):
+    return max(n // _WIDTH, 1)
+
+
+MATMUL = Case(
+    "matmul",
+    f"y = x @ W with W {_WIDTH}x{_WIDTH}, gradient dy @ W^T; x is [n/{_WIDTH}, {_WIDTH}] (n = 1: one row)",
+    lambda n: (_MATMUL_IMPLEMENTATIONS, tf.reshape(tf.linspace(-1.0, 1.0, _rows(n) * _WIDTH), [-1, _WIDTH])),
+    lambda n: 3 * 4 * _rows(n) * _WIDTH,
+)
+
+
+# ---------------------------------------------------------------- a scalar log-likelihood over n points
+
+
+def _logistic_parts(theta, data):
+    features, labels = data[0], data[1]
+    eta = theta * features
+    value = tf.reduce_sum(labels * eta - tf.math.softplus(eta))
+    gradient = tf.reduce_sum((labels - tf.math.sigmoid(eta)) * features)
+    return value, gradient
+
+
+def _loglik_implementations(data: tf.Tensor) -> Implementations:
+    """log p(labels | θ·features) as a function of θ, for one fixed data set."""
+
+    @tf.custom_gradient
+    def tf_anchor(theta):
+        value, gradient = _logistic_parts(theta, data)
+        return value, lambda dy: dy * gradient
+
+    @sgm.custom_gradient
+    def decorated(theta):
+        value, gradient = _logistic_parts(theta, data)
+        return value, lambda dy: dy * gradient
+
+    def plain(theta):
+        eta = theta * data[0]
+        return tf.reduce_sum(data[1] * eta - tf.math.softplus(eta))
+
+    return {
+        "stopgrad_math identity": lambda theta: sgm.custom_gradient(*_logistic_parts(theta, data), theta),
+        "stopgrad_math decorator": decorated,
+        ANCHOR: tf_anchor,
+        "tfp.math.custom_gradient": lambda theta: tfp.math.custom_gradient(*_logistic_parts(theta, data), theta),
+        "plain autodiff (floor)": plain,
+    }
+
+
+def _loglik_setup(n: int) -> tuple[Implementations, tf.Tensor]:
+    rng = np.random.default_rng(1)
+    data = tf.constant(np.stack([rng.normal(size=n), rng.integers(0, 2, n)]), tf.float32)
+    return _loglik_implementations(data), tf.constant(0.3)
+
+
+LOGLIK = Case(
+    "loglik",
+    "scalar logistic log-likelihood of θ over n data points, value and gradient in one pass",
+    _loglik_setup,
+    lambda n: 2 * 4 * n,  # read features and labels
+)
+
+CASES = (LOG1PEXP, MATMUL, LOGLIK)

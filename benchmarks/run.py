@@ -1,0 +1,143 @@
+"""python benchmarks/run.py: time every case, write results/latest.md and results/latest.png.
+
+Each figure is the median of repeated calls after warm-up, and is also given
+as a ratio to tf.custom_gradient measured in the same run, since absolute
+times drift on shared machines. Peak memory is the rise of the process's peak
+resident set (CPU) or TF's peak allocation (GPU) during value + gradient.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import cases  # noqa: E402
+import report  # noqa: E402
+
+SIZES = (1, 10**3, 10**5, 10**6)
+MODES = ("eager", "function", "xla")
+PHASES = ("forward", "value+grad")
+
+
+def sync() -> None:
+    if tf.config.list_logical_devices("GPU"):
+        tf.test.experimental.sync_devices()
+
+
+def median_seconds(call, min_time: float, min_repeats: int = 5, max_repeats: int = 300) -> float:
+    for _ in range(2):  # warm-up: traces, compiles, fills caches
+        call()
+    sync()
+    times: list[float] = []
+    while len(times) < min_repeats or (sum(times) < min_time and len(times) < max_repeats):
+        start = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def value_and_grad(fn, x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fn(x)
+    return y, tape.gradient(y, x)
+
+
+def compiled(fn, mode):
+    return fn if mode == "eager" else tf.function(fn, jit_compile=(mode == "xla"))
+
+
+class PeakMemory:
+    """Bytes by which peak memory rises while a call runs."""
+
+    def __init__(self):
+        self.gpu = bool(tf.config.list_logical_devices("GPU"))
+
+    def measure(self, call) -> int:
+        if self.gpu:
+            tf.config.experimental.reset_memory_stats("GPU:0")
+            base = tf.config.experimental.get_memory_info("GPU:0")["current"]
+            call()
+            sync()
+            return tf.config.experimental.get_memory_info("GPU:0")["peak"] - base
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # resets the kernel's peak-RSS counter to the current RSS
+        base = _status_kib("VmRSS")
+        call()
+        return (_status_kib("VmHWM") - base) * 1024
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(key))
+
+
+def memcpy_bandwidth(nbytes: int = 256 * 2**20) -> float:
+    """Bytes per second read plus written by a large NumPy copy on this machine."""
+    source = np.ones(nbytes // 8)
+    target = np.empty_like(source)
+    seconds = median_seconds(lambda: np.copyto(target, source), min_time=0.5)
+    return 2 * nbytes / seconds
+
+
+def run_case(case, sizes, min_time, memory: PeakMemory) -> list[dict]:
+    rows = []
+    for n in sizes:
+        implementations, x = case.setup(n)
+        for name, fn in implementations.items():
+            for mode in MODES:
+                forward = compiled(fn, mode)
+                both = compiled(lambda x, fn=fn: value_and_grad(fn, x), mode)
+                row = {"case": case.name, "n": n, "implementation": name, "mode": mode}
+                row["forward"] = median_seconds(lambda forward=forward: forward(x), min_time)
+                row["value+grad"] = median_seconds(lambda both=both: both(x), min_time)
+                row["peak_bytes"] = memory.measure(lambda both=both: both(x)) if n == max(sizes) else None
+                if mode == "eager" and hasattr(fn, "__wrapped__"):  # the same f, undecorated
+                    row["undecorated_forward"] = median_seconds(lambda f=fn.__wrapped__: f(x)[0], min_time)
+                rows.append(row)
+                print(f"{case.name:>9} n={n:>8} {mode:>8} {name:>27}: "
+                      f"{row['forward'] * 1e6:9.1f} us  {row['value+grad'] * 1e6:9.1f} us", flush=True)
+    return rows
+
+
+def _device_name(gpu: bool) -> str:
+    if gpu:
+        details = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
+        return "GPU: " + details.get("device_name", "unknown")
+    return f"CPU: {platform.machine()}, {os.cpu_count()} cores"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
+    parser.add_argument("--min-time", type=float, default=0.15, help="seconds of repeats per cell")
+    parser.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+    args = parser.parse_args(argv)
+    memory = PeakMemory()
+    device = _device_name(memory.gpu)
+    rows = [row for case in cases.CASES for row in run_case(case, args.sizes, args.min_time, memory)]
+    bandwidth = memcpy_bandwidth()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "-gpu" if memory.gpu else ""
+    text = report.markdown(rows, cases.CASES, device, bandwidth, tf.__version__)
+    (out / f"latest{suffix}.md").write_text(text)
+    report.plot(rows, out / f"latest{suffix}.png")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
