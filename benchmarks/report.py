@@ -62,14 +62,15 @@ def _check(label: str, failures: list[str], total: int) -> list[str]:
 def _targets(rows, index, cases, bandwidth) -> list[str]:
     lines = ["## Targets", ""]
     cells = [r for r in rows if r["implementation"] == IDENTITY]
-    slower = [f"{r['case']} n={r['n']:g} {r['mode']} {p}: {r[p] / index[(r['case'], r['n'], TFP, r['mode'])][p]:.2f}× tfp"
-              for r in cells for p in PHASES
-              if (r["case"], r["n"], TFP, r["mode"]) in index and r[p] >= index[(r["case"], r["n"], TFP, r["mode"])][p]]
+    tfp_rows = [(r, index.get((r["case"], r["n"], TFP, r["mode"]))) for r in cells]
+    slower = [f"{r['case']} n={r['n']:g} {r['mode']} {p}: {r[p] / t[p]:.2f}× tfp"
+              for r, t in tfp_rows if t for p in PHASES if r[p] >= t[p]]
     lines += _check("Identity form faster than tfp.math.custom_gradient in every cell", slower, 2 * len(cells))
     large = [r for r in rows if r["implementation"] in (IDENTITY, DECORATOR) and r["mode"] != "eager" and r["n"] >= 1e5]
     over = [f"{r['case']} n={r['n']:g} {r['mode']} {r['implementation']}: {_ratio(index, r, 'value+grad'):.3f}×"
             for r in large if _ratio(index, r, "value+grad") > 1.05]
-    lines += _check("Value + gradient within 1.05× of tf.custom_gradient, tf.function and XLA, n ≥ 1e5", over, len(large))
+    label = "Value + gradient within 1.05× of tf.custom_gradient, tf.function and XLA, n ≥ 1e5"
+    lines += _check(label, over, len(large))
     eager = [r for r in rows if r["implementation"] == DECORATOR and r["mode"] == "eager"]
     taped = [f"{r['case']} n={r['n']:g}: {_ratio(index, r, 'value+grad'):.2f}×" for r in eager
              if _ratio(index, r, "value+grad") > 1.3]
@@ -97,7 +98,7 @@ def _targets(rows, index, cases, bandwidth) -> list[str]:
 
 def markdown(rows, cases, device, bandwidth, tf_version) -> str:
     index = _index(rows)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# Benchmark results ({device})", "",
              f"TensorFlow {tf_version}, {stamp}. Median of repeated calls after warm-up, float32. In brackets: the "
              f"ratio to {ANCHOR} in the same run (lower is faster). `forward` computes the value only; "
@@ -106,8 +107,8 @@ def markdown(rows, cases, device, bandwidth, tf_version) -> str:
     for case in cases:
         lines += ["", f"## {case.name}", "", case.description]
         for phase in PHASES:
-            lines += ["", f"### {phase}", ""] + _table(rows, index, case, phase)
-        lines += [""] + _memory_table(rows, index, case)
+            lines += ["", f"### {phase}", "", *_table(rows, index, case, phase)]
+        lines += ["", *_memory_table(rows, index, case)]
     return "\n".join(lines) + "\n"
 
 

@@ -18,12 +18,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import cases  # noqa: E402
-import report  # noqa: E402
+import cases
+import report
 
 SIZES = (1, 10**3, 10**5, 10**6)
 MODES = ("eager", "function", "xla")
@@ -104,8 +104,8 @@ def run_case(case, sizes, min_time, memory: PeakMemory) -> list[dict]:
                 row["forward"] = median_seconds(lambda forward=forward: forward(x), min_time)
                 row["value+grad"] = median_seconds(lambda both=both: both(x), min_time)
                 row["peak_bytes"] = memory.measure(lambda both=both: both(x)) if n == max(sizes) else None
-                if mode == "eager" and hasattr(fn, "__wrapped__"):  # the same f, undecorated
-                    row["undecorated_forward"] = median_seconds(lambda f=fn.__wrapped__: f(x)[0], min_time)
+                if mode == "eager" and hasattr(fn, "undecorated"):  # the same f, undecorated
+                    row["undecorated_forward"] = median_seconds(lambda f=fn.undecorated: f(x)[0], min_time)
                 rows.append(row)
                 print(f"{case.name:>9} n={n:>8} {mode:>8} {name:>27}: "
                       f"{row['forward'] * 1e6:9.1f} us  {row['value+grad'] * 1e6:9.1f} us", flush=True)

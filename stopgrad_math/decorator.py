@@ -250,7 +250,8 @@ def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Call
     """Returns f with its grad_fn embedded as a linear map.
 
     The contract, the conventions for grad_fn and the limits are documented
-    on the public entry point, ``stopgrad_math.custom_gradient``.
+    on the public entry point, ``stopgrad_math.custom_gradient``. The result
+    keeps f's name and docstring; f itself is its ``undecorated`` attribute.
     """
     if order not in (1, 2):
         raise ValueError(f"order must be 1 or 2; got {order}.")
@@ -265,4 +266,8 @@ def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Call
         with tf.name_scope(scope):
             return _embed(f, args, kwargs, order, check_linearity)
 
+    # autograph reads a function's source through __wrapped__ and would compile
+    # f in place of this wrapper; the original stays reachable as `undecorated`.
+    del embedded.__wrapped__
+    embedded.undecorated = f
     return embedded
