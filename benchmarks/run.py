@@ -56,7 +56,9 @@ def value_and_grad(fn, x):
 
 
 def compiled(fn, mode):
-    return fn if mode == "eager" else tf.function(fn, jit_compile=(mode == "xla"))
+    # Wrapped in a lambda: tf.function applied directly to a tf.custom_gradient
+    # function has autograph compile the inner f and fails when differentiated.
+    return fn if mode == "eager" else tf.function(lambda x: fn(x), jit_compile=(mode == "xla"))
 
 
 class PeakMemory:
@@ -101,11 +103,11 @@ def run_case(case, sizes, min_time, memory: PeakMemory) -> list[dict]:
                 forward = compiled(fn, mode)
                 both = compiled(lambda x, fn=fn: value_and_grad(fn, x), mode)
                 row = {"case": case.name, "n": n, "implementation": name, "mode": mode}
-                row["forward"] = median_seconds(lambda forward=forward: forward(x), min_time)
-                row["value+grad"] = median_seconds(lambda both=both: both(x), min_time)
-                row["peak_bytes"] = memory.measure(lambda both=both: both(x)) if n == max(sizes) else None
+                row["forward"] = median_seconds(lambda f=forward, x=x: f(x), min_time)
+                row["value+grad"] = median_seconds(lambda f=both, x=x: f(x), min_time)
+                row["peak_bytes"] = memory.measure(lambda f=both, x=x: f(x)) if n == max(sizes) else None
                 if mode == "eager" and hasattr(fn, "undecorated"):  # the same f, undecorated
-                    row["undecorated_forward"] = median_seconds(lambda f=fn.undecorated: f(x)[0], min_time)
+                    row["undecorated_forward"] = median_seconds(lambda f=fn.undecorated, x=x: f(x)[0], min_time)
                 rows.append(row)
                 print(f"{case.name:>9} n={n:>8} {mode:>8} {name:>27}: "
                       f"{row['forward'] * 1e6:9.1f} us  {row['value+grad'] * 1e6:9.1f} us", flush=True)
