@@ -42,11 +42,12 @@ def _table(rows, index, case, phase) -> list[str]:
 
 def _memory_table(rows, index, case) -> list[str]:
     n = max(r["n"] for r in rows if r["case"] == case.name)
-    lines = [f"Peak memory rise during value + gradient at n = {n:g}:", "",
+    lines = [f"Peak rise of TF's allocations during value + gradient at n = {n:g} (XLA's own CPU buffers not counted):",
+             "",
              "| implementation | eager | function | xla |", "|---|---|---|---|"]
     for name in dict.fromkeys(r["implementation"] for r in rows if r["case"] == case.name):
         cells = [index[(case.name, n, name, mode)]["peak_bytes"] for mode in ("eager", "function", "xla")]
-        lines.append(f"| {name} | " + " | ".join(f"{b / 2**20:.1f} MiB" for b in cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(f"{b / 2**10:,.0f} KiB" for b in cells) + " |")
     return lines
 
 

@@ -49,8 +49,7 @@ class _GradSignature:
     takes_variables: bool
 
 
-@functools.lru_cache(maxsize=512)
-def _signature_of_code(grad_fn_code: Any, parameters: tuple) -> _GradSignature:
+def _signature_of_parameters(parameters: tuple) -> _GradSignature:
     kinds = dict(parameters)
     positional = [k for k in kinds.values() if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
     return _GradSignature(
@@ -61,9 +60,26 @@ def _signature_of_code(grad_fn_code: Any, parameters: tuple) -> _GradSignature:
     )
 
 
+def _parameters(grad_fn: Callable) -> tuple:
+    return tuple((p.name, p.kind.name) for p in inspect.signature(grad_fn).parameters.values())
+
+
+_SIGNATURES: dict[Any, _GradSignature] = {}
+
+
 def _signature(grad_fn: Callable) -> _GradSignature:
-    parameters = tuple((p.name, p.kind.name) for p in inspect.signature(grad_fn).parameters.values())
-    return _signature_of_code(getattr(grad_fn, "__code__", None), parameters)
+    """grad_fn's calling convention.
+
+    A plain function's parameters are fixed by its code object, which the
+    closures made afresh on every call share, so those are cached by code;
+    methods, partials, callable objects and wrapped functions are read anew.
+    """
+    code = getattr(grad_fn, "__code__", None)
+    if code is None or inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__"):
+        return _signature_of_parameters(_parameters(grad_fn))
+    if code not in _SIGNATURES:
+        _SIGNATURES[code] = _signature_of_parameters(_parameters(grad_fn))
+    return _SIGNATURES[code]
 
 
 @dataclasses.dataclass

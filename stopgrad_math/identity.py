@@ -34,7 +34,7 @@ def zero_with_slope(x: tf.Tensor, slope_is_negative: bool) -> tf.Tensor:
     zero = still - x if slope_is_negative else x - still
     # inf − inf is NaN: no op sequence can keep both an exact +0.0 value and a
     # gradient at a non-finite element, so there the value wins.
-    return tf.where(tf.math.is_finite(still), zero, tf.zeros_like(still))
+    return tf.where(tf.math.is_finite(still), zero, 0)  # a scalar zero: no pass to build one
 
 
 def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:
