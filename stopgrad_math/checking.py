@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-_FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+from stopgrad_math.identity import is_floating
+
 _RTOL = {tf.float16: 3e-2, tf.bfloat16: 3e-2, tf.float32: 1e-3, tf.float64: 1e-6}
 
 
@@ -67,7 +68,7 @@ def _weighted_sum(fn: Callable, args: Sequence[Any], weights: Sequence[np.ndarra
     outputs = [tf.convert_to_tensor(t) for t in tf.nest.flatten(fn(*args))]
     total = tf.constant(0.0, tf.float64)
     for out, w in zip(outputs, weights, strict=True):
-        if out.dtype.base_dtype in _FLOATS:
+        if is_floating(out.dtype):
             total += tf.reduce_sum(tf.math.multiply_no_nan(tf.cast(out, tf.float64), w))
     return total
 
@@ -77,7 +78,7 @@ def _output_weights(fn: Callable, args: Sequence[Any], seed: int) -> tuple[list[
     rng = np.random.default_rng(seed)
     weights, any_not_finite = [], False
     for out in tf.nest.flatten(fn(*args)):
-        value = np.asarray(tf.cast(out, tf.float64)) if tf.convert_to_tensor(out).dtype in _FLOATS else 0.0
+        value = np.asarray(tf.cast(out, tf.float64)) if is_floating(tf.convert_to_tensor(out).dtype) else 0.0
         finite = np.isfinite(value)
         any_not_finite |= not np.all(finite)
         weights.append(np.where(finite, rng.uniform(0.5, 1.5, np.shape(value)), 0.0))
@@ -195,7 +196,7 @@ def check_gradient(
     True
     """
     args = [tf.convert_to_tensor(a) if isinstance(a, (tf.Variable, np.ndarray, float)) else a for a in args]
-    floating = [i for i, a in enumerate(args) if isinstance(a, tf.Tensor) and a.dtype.base_dtype in _FLOATS]
+    floating = [i for i, a in enumerate(args) if isinstance(a, tf.Tensor) and is_floating(a.dtype)]
     weights, fn_not_finite = _output_weights(fn, args, seed)
     rows = []
     for i in floating:

@@ -29,11 +29,9 @@ from tensorflow.python.util import nest
 
 from stopgrad_math import identity, linearity
 
-_FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
-
 
 def _is_float_tensor(value: Any) -> bool:
-    return isinstance(value, (tf.Tensor, tf.Variable)) and value.dtype.base_dtype in _FLOATS
+    return isinstance(value, (tf.Tensor, tf.Variable)) and identity.is_floating(value.dtype)
 
 
 def _stop_floats(structure: Any) -> Any:
@@ -157,7 +155,7 @@ def _match(gradients: Any, arguments: _Arguments) -> dict[int, tf.Tensor]:
 def _checked_gradient(gradient: Any, arguments: _Arguments, index: int) -> tf.Tensor:
     name, leaf = arguments.names[index], arguments.leaves[index]
     gradient = tf.convert_to_tensor(gradient, dtype_hint=leaf.dtype)
-    if gradient.dtype.base_dtype not in _FLOATS:
+    if not identity.is_floating(gradient.dtype):
         raise ValueError(f"grad_fn returned a {gradient.dtype.name} gradient for {name}, which is {leaf.dtype.name}.")
     if not gradient.shape.is_compatible_with(leaf.shape):
         raise ValueError(f"grad_fn returned a gradient of shape {gradient.shape} for {name} of shape {leaf.shape}.")

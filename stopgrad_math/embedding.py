@@ -10,11 +10,9 @@ from tensorflow.python.util import nest
 
 from stopgrad_math import decorator, gradient_layout, identity
 
-_FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
-
 
 def _require_float(dtype: tf.DType, what: str) -> None:
-    if dtype.base_dtype not in _FLOATS:
+    if not identity.is_floating(dtype):
         raise TypeError(
             f"custom_gradient needs a floating {what} (float16, bfloat16, float32 or float64); got {dtype.name}."
         )

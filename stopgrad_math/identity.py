@@ -18,6 +18,13 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.python.eager import record
 
+FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+def is_floating(dtype: tf.DType) -> bool:
+    """Whether the identity can carry a gradient in this dtype (real floating types)."""
+    return dtype.base_dtype in FLOATS
+
 
 def nothing_records() -> bool:
     """True when executing eagerly with no GradientTape or ForwardAccumulator.
