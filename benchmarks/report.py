@@ -130,7 +130,6 @@ def plot(rows, path: pathlib.Path) -> None:
                                 if r["case"] == case and r["implementation"] == name and r["mode"] == mode)
                 ax.plot(*zip(*points, strict=True), "o-", label=name, lw=2.5 if "stopgrad" in name else 1.2)
             ax.set_xscale("log")
-            ax.set_yscale("log")
             ax.axhline(1.0, color="gray", lw=0.6)
             ax.set_title(f"{case}, {mode}: value + gradient", fontsize=10)
             ax.set_xlabel("n")

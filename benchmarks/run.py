@@ -10,6 +10,7 @@ too); XLA's own buffers on the CPU are not in it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import platform
@@ -129,6 +130,7 @@ def main(argv=None) -> int:
     suffix = "-gpu" if memory.gpu else ""
     text = report.markdown(rows, cases.CASES, device, bandwidth, tf.__version__)
     (out / f"latest{suffix}.md").write_text(text)
+    (out / f"latest{suffix}.json").write_text(json.dumps({"device": device, "bandwidth": bandwidth, "rows": rows}))
     report.plot(rows, out / f"latest{suffix}.png")
     print(text)
     return 0
