@@ -102,7 +102,8 @@ def markdown(rows, cases, device, bandwidth, tf_version) -> str:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# Benchmark results ({device})", "",
              f"TensorFlow {tf_version}, {stamp}. Median of repeated calls after warm-up, float32. In brackets: the "
-             f"ratio to {ANCHOR} in the same run (lower is faster). `forward` computes the value only; "
+             f"ratio to {ANCHOR} in the same run, timed round-robin with it (lower is faster). "
+             "`forward` computes the value only; "
              "`value+grad` the value and the gradient with a GradientTape.", ""]
     lines += _targets(rows, index, cases, bandwidth)
     for case in cases:

@@ -2,7 +2,8 @@
 
 Each figure is the median of repeated calls after warm-up, and is also given
 as a ratio to tf.custom_gradient measured in the same run, since absolute
-times drift on shared machines. Peak memory is the rise of TF's peak allocation
+times drift on shared machines; within a cell the implementations are timed
+round-robin, so that drift affects all of them alike. Peak memory is the rise of TF's peak allocation
 above the current one during value + gradient (TF's BFC allocator, on the CPU
 too); XLA's own buffers on the CPU are not in it.
 """
@@ -39,17 +40,26 @@ def sync() -> None:
         tf.test.experimental.sync_devices()
 
 
-def median_seconds(call, min_time: float, min_repeats: int = 5, max_repeats: int = 300) -> float:
-    for _ in range(2):  # warm-up: traces, compiles, fills caches
+def median_seconds(call, min_time: float) -> float:
+    return interleaved_medians({"call": call}, min_time)["call"]
+
+
+def interleaved_medians(calls: dict, min_time: float, min_rounds: int = 7, max_rounds: int = 300) -> dict:
+    """Median seconds of each call, timed round-robin so that drift hits all of them alike."""
+    for call in calls.values():  # warm-up: traces, compiles, fills caches
+        call()
         call()
     sync()
-    times: list[float] = []
-    while len(times) < min_repeats or (sum(times) < min_time and len(times) < max_repeats):
-        start = time.perf_counter()
-        call()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: dict = {name: [] for name in calls}
+    rounds = 0
+    while rounds < min_rounds or (sum(map(sum, times.values())) < min_time * len(calls) and rounds < max_rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            sync()
+            times[name].append(time.perf_counter() - start)
+        rounds += 1
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def value_and_grad(fn, x):
@@ -92,16 +102,21 @@ def run_case(case, sizes, min_time, memory: PeakMemory) -> list[dict]:
     rows = []
     for n in sizes:
         implementations, x = case.setup(n)
-        for name, fn in implementations.items():
-            for mode in MODES:
+        for mode in MODES:
+            calls = {}
+            for name, fn in implementations.items():
                 forward = compiled(fn, mode)
                 both = compiled(lambda x, fn=fn: value_and_grad(fn, x), mode)
-                row = {"case": case.name, "n": n, "implementation": name, "mode": mode}
-                row["forward"] = median_seconds(lambda f=forward, x=x: f(x), min_time)
-                row["value+grad"] = median_seconds(lambda f=both, x=x: f(x), min_time)
-                row["peak_bytes"] = memory.measure(lambda f=both, x=x: f(x)) if n == max(sizes) else None
+                calls[(name, "forward")] = lambda f=forward, x=x: f(x)
+                calls[(name, "value+grad")] = lambda f=both, x=x: f(x)
                 if mode == "eager" and hasattr(fn, "undecorated"):  # the same f, undecorated
-                    row["undecorated_forward"] = median_seconds(lambda f=fn.undecorated, x=x: f(x)[0], min_time)
+                    calls[(name, "undecorated_forward")] = lambda f=fn.undecorated, x=x: f(x)[0]
+            medians = interleaved_medians(calls, min_time)
+            for name in implementations:
+                row = {"case": case.name, "n": n, "implementation": name, "mode": mode}
+                row.update({phase: t for (impl, phase), t in medians.items() if impl == name})
+                both = calls[(name, "value+grad")]
+                row["peak_bytes"] = memory.measure(both) if n == max(sizes) else None
                 rows.append(row)
                 print(f"{case.name:>9} n={n:>8} {mode:>8} {name:>27}: "
                       f"{row['forward'] * 1e6:9.1f} us  {row['value+grad'] * 1e6:9.1f} us", flush=True)
