@@ -255,8 +255,9 @@ def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: 
     outputs = []
     for leaf in plan.value_leaves:
         product = next(products) if _is_float_tensor(leaf) else None
-        term = [] if product is None else [identity.zero_with_slope(product, slope_is_negative=False)]
-        outputs.append(leaf if not term else identity.attach(leaf, term))
+        if product is not None:  # y − (J·v − stop(J·v)): the same exact zero as for x
+            leaf = identity.attach(leaf, [identity.zero_with_slope(product, slope_is_negative=False)])
+        outputs.append(leaf)
     return tf.nest.pack_sequence_as(plan.y, outputs)
 
 
