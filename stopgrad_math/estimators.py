@@ -78,7 +78,7 @@ def reverse_gradient(x: Any, scale: Any = 1.0) -> Any:
     >>> float(tape.gradient(y, x))
     -0.5
     """
-    return tf.nest.map_structure(lambda leaf: scaled_identity(leaf, -tf.convert_to_tensor(scale), "scale"), x)
+    return scale_gradient(x, -tf.convert_to_tensor(scale))
 
 
 def magic_box(tau: Any) -> tf.Tensor:
