@@ -34,7 +34,14 @@ def _is_float_tensor(value: Any) -> bool:
     return isinstance(value, (tf.Tensor, tf.Variable)) and identity.is_floating(value.dtype)
 
 
+def _pack(structure: Any, leaves: list) -> Any:
+    """tf.nest.pack_sequence_as, skipped for a single leaf (nest's packing is slow in eager)."""
+    return tf.nest.pack_sequence_as(structure, leaves) if tf.nest.is_nested(structure) else leaves[0]
+
+
 def _stop_floats(structure: Any) -> Any:
+    if not structure:
+        return structure
     return tf.nest.map_structure(lambda t: tf.stop_gradient(t) if isinstance(t, tf.Tensor) else t, structure)
 
 
@@ -84,22 +91,23 @@ def _signature(grad_fn: Callable) -> _GradSignature:
 class _Arguments:
     """The flattened positional arguments of f and which of them carry gradients."""
 
-    structure: Any
+    structure: list | None  # None when every argument is a leaf
     leaves: list
     names: list[str]
     differentiable: list[int]
 
     @classmethod
     def of(cls, args: tuple) -> _Arguments:
-        paths = nest.flatten_with_joined_string_paths(list(args))
+        nested = any(tf.nest.is_nested(arg) for arg in args)
+        paths = nest.flatten_with_joined_string_paths(list(args)) if nested else list(enumerate(args))
         names = [f"args[{path}]" for path, _ in paths]
         leaves = [leaf for _, leaf in paths]
         differentiable = [i for i, leaf in enumerate(leaves) if _is_float_tensor(leaf)]
-        return cls(list(args), leaves, names, differentiable)
+        return cls(list(args) if nested else None, leaves, names, differentiable)
 
     def with_leaves(self, replacements: dict[int, Any]) -> tuple:
         leaves = [replacements.get(i, leaf) for i, leaf in enumerate(self.leaves)]
-        return tuple(tf.nest.pack_sequence_as(self.structure, leaves))
+        return tuple(leaves if self.structure is None else tf.nest.pack_sequence_as(self.structure, leaves))
 
 
 def _call_f(f: Callable, args: tuple, kwargs: dict) -> tuple[Any, Callable]:
@@ -120,12 +128,11 @@ def _upstream_zeros(y_leaves: list) -> list:
 def _call_grad_fn(grad_fn: Callable, y: Any, upstreams: list, variables: list) -> tuple[Any, Any]:
     """Calls grad_fn in its own convention; returns (gradients of args, gradients of variables)."""
     signature = _signature(grad_fn)
-    structured = tf.nest.pack_sequence_as(y, upstreams)
     kwargs = {"variables": variables} if variables and signature.takes_variables else {}
     if signature.upstream_keyword:
-        result = grad_fn(upstream=structured, **kwargs)
+        result = grad_fn(upstream=_pack(y, upstreams), **kwargs)
     elif signature.structured and len(upstreams) > 1:
-        result = grad_fn(structured, **kwargs)
+        result = grad_fn(_pack(y, upstreams), **kwargs)
     else:
         result = grad_fn(*upstreams, **kwargs)
     if not kwargs:
@@ -258,7 +265,7 @@ def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: 
         if product is not None:  # y − (J·v − stop(J·v)): the same exact zero as for x
             leaf = identity.attach(leaf, [identity.zero_with_slope(product, slope_is_negative=False)])
         outputs.append(leaf)
-    return tf.nest.pack_sequence_as(plan.y, outputs)
+    return _pack(plan.y, outputs)
 
 
 def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Callable:

@@ -40,8 +40,11 @@ def zero_with_slope(x: tf.Tensor, slope_is_negative: bool) -> tf.Tensor:
     still = tf.stop_gradient(x)
     zero = still - x if slope_is_negative else x - still
     # inf − inf is NaN: no op sequence can keep both an exact +0.0 value and a
-    # gradient at a non-finite element, so there the value wins.
-    return tf.where(tf.math.is_finite(still), zero, 0)  # a scalar zero: no pass to build one
+    # gradient at a non-finite element, so there the value wins. multiply_no_nan
+    # by a 1/0 mask is that select: its gradient is one op, where tf.where's
+    # computes both branches and reduces the unused one (11 ops in eager).
+    finite = tf.cast(tf.math.is_finite(still), x.dtype)
+    return tf.math.multiply_no_nan(zero, finite)
 
 
 def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:
