@@ -133,7 +133,7 @@ def _device_name(gpu: bool) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
-    parser.add_argument("--min-time", type=float, default=0.15, help="seconds of repeats per cell")
+    parser.add_argument("--min-time", type=float, default=0.6, help="seconds of repeats per cell")
     parser.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
     args = parser.parse_args(argv)
     memory = PeakMemory()
