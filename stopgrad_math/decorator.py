@@ -39,10 +39,11 @@ def _pack(structure: Any, leaves: list) -> Any:
     return tf.nest.pack_sequence_as(structure, leaves) if tf.nest.is_nested(structure) else leaves[0]
 
 
-def _stop_floats(structure: Any) -> Any:
-    if not structure:
-        return structure
-    return tf.nest.map_structure(lambda t: tf.stop_gradient(t) if isinstance(t, tf.Tensor) else t, structure)
+def _stop_tensors(kwargs: dict) -> dict:
+    """The keyword arguments with every tensor in them stopped: they are constants."""
+    if not kwargs:  # the common case, without nest's cost
+        return kwargs
+    return tf.nest.map_structure(lambda t: tf.stop_gradient(t) if isinstance(t, tf.Tensor) else t, kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +197,7 @@ def _evaluate(f: Callable, args: tuple, kwargs: dict, order: int) -> _Plan:
     arguments = _Arguments.of(args)
     x = {i: tf.convert_to_tensor(arguments.leaves[i]) for i in arguments.differentiable}
     zeros = {i: identity.zero_with_slope(t, slope_is_negative=True) for i, t in x.items()}
-    kwargs = _stop_floats(kwargs)
+    kwargs = _stop_tensors(kwargs)
     with record.VariableWatcher() as watcher:
         y, grad_fn = _call_f(f, arguments.with_leaves({i: tf.stop_gradient(t) for i, t in x.items()}), kwargs)
     if order == 2:
