@@ -44,6 +44,23 @@ def test_zero_with_gradient_for_every_dtype_and_a_variable(dtype):
     np.testing.assert_array_equal(tape.gradient(u, v), [1.0, 1.0, 1.0])
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_zero_with_gradient_guards_non_finite_x_in_every_dtype(dtype, mode):
+    x = tf.constant([1.5, np.inf, -np.inf, np.nan, -0.0], dtype)
+    upstream = tf.constant([3.0, np.inf, np.nan, 5.0, -2.0], dtype)
+
+    def value_and_derivatives(x, w):
+        return zero_with_gradient(x), vjp(zero_with_gradient, x, w), jvp(zero_with_gradient, x, w)
+
+    u, grad, tangent = in_mode(value_and_derivatives, mode)(x, upstream)
+    np.testing.assert_array_equal(bits(u.numpy()), np.zeros(5, bits(u.numpy()).dtype))  # +0.0 everywhere
+    want = np.array([3.0, 0.0, 0.0, 0.0, -2.0])  # the upstream where x is finite, 0 elsewhere, even for inf/NaN
+    for derivative in (grad, tangent):
+        assert derivative.dtype == dtype
+        np.testing.assert_array_equal(tf.cast(derivative, tf.float64), want)
+
+
 def test_negative_zero_term_is_positive_zero_with_slope_minus_g():
     g = tf.constant([np.inf, np.nan, -2.0, 3.0])
     x = tf.constant([1.0, 2.0, 3.0, -0.0])
