@@ -197,13 +197,14 @@ def _evaluate(f: Callable, args: tuple, kwargs: dict, order: int) -> _Plan:
     arguments = _Arguments.of(args)
     x = {i: tf.convert_to_tensor(arguments.leaves[i]) for i in arguments.differentiable}
     zeros = {i: identity.zero_with_slope(t, slope_is_negative=True) for i, t in x.items()}
+    stopped = {i: tf.stop_gradient(t) for i, t in x.items()}
     kwargs = _stop_tensors(kwargs)
     with record.VariableWatcher() as watcher:
-        y, grad_fn = _call_f(f, arguments.with_leaves({i: tf.stop_gradient(t) for i, t in x.items()}), kwargs)
+        y, grad_fn = _call_f(f, arguments.with_leaves(stopped), kwargs)
     if order == 2:
         # The midpoint stop(x) − v/2 equals x bit for bit (−0.0 too) and moves
         # at half speed, which makes J·v exact to second order.
-        midpoint = {i: tf.stop_gradient(t) - zeros[i] / 2 for i, t in x.items()}
+        midpoint = {i: stopped[i] - zeros[i] / 2 for i in x}
         _, grad_fn = _call_f(f, arguments.with_leaves(midpoint), kwargs)
     variables = list(watcher.watched_variables()) if _signature(grad_fn).takes_variables else []
     value_leaves = _as_outputs(y)
@@ -241,7 +242,7 @@ def _jacobian_times_zeros(plan: _Plan, check_linearity: bool) -> list:
         linearity.check_superposition(lambda ups: _gradients(plan, ups)[0], upstreams)
     if not targets or not watched:
         return [None] * len(watched)
-    zeros = [tf.cast(z, g.dtype) if z.dtype != g.dtype else z for z, g in zip(zeros, targets, strict=True)]
+    zeros = [tf.cast(z, g.dtype) for z, g in zip(zeros, targets, strict=True)]
     products = inner.gradient(targets, watched, output_gradients=zeros)
     linearity.check_connected(products, targets)
     return products

@@ -226,7 +226,7 @@ def _embed(fx: tf.Tensor, planned: list, manually_stopped: bool) -> tf.Tensor:
     terms = []
     for label, layout, g, x_leaf in planned:
         x_leaf = tf.convert_to_tensor(x_leaf)
-        g = maybe_stop(g if g.dtype == fx.dtype else tf.cast(g, fx.dtype))
+        g = maybe_stop(tf.cast(g, fx.dtype))
         g = gradient_layout.checked(layout, label, fx, x_leaf, g)
         term = identity.negative_zero_term(g, x_leaf, fx.dtype)
         terms.append(gradient_layout.contract(layout, term, fx, x_leaf.shape.rank))

@@ -40,9 +40,7 @@ def _straight_through_leaf(forward: Any, backward: Any) -> tf.Tensor:
         raise ValueError(f"backward of shape {backward.shape} does not broadcast to forward of shape {forward.shape}.")
     if identity.nothing_records():
         return forward
-    if backward.dtype != forward.dtype:
-        backward = tf.cast(backward, forward.dtype)
-    term = identity.zero_with_slope(backward, slope_is_negative=True)
+    term = identity.zero_with_slope(tf.cast(backward, forward.dtype), slope_is_negative=True)
     return identity.attach(tf.stop_gradient(forward), [term])
 
 

@@ -84,9 +84,7 @@ def negative_zero_term(g: tf.Tensor, x: tf.Tensor, dtype: tf.DType) -> tf.Tensor
     value stays bit-exact (f − (+0.0) == f) and the derivative is +g.
     """
     minus_u = zero_with_slope(x, slope_is_negative=True)
-    if minus_u.dtype != dtype:
-        minus_u = tf.cast(minus_u, dtype)
-    return tf.math.multiply_no_nan(g, minus_u)
+    return tf.math.multiply_no_nan(g, tf.cast(minus_u, dtype))  # tf.cast returns a tensor of that dtype as it is
 
 
 def attach(value: tf.Tensor, zero_terms: list[tf.Tensor]) -> tf.Tensor:
