@@ -8,6 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from stopgrad_math.embedding import custom_gradient
+from stopgrad_math.stops import stop_gradient
 
 
 def partial_custom_gradient(f: Callable[..., Any], g: Callable[..., Any], x: Any, *others: Any) -> tf.Tensor:
@@ -34,5 +35,5 @@ def partial_custom_gradient(f: Callable[..., Any], g: Callable[..., Any], x: Any
     >>> [float(d) for d in tape.gradient(h, [x, y])]
     [10.0, 3.0]
     """
-    stopped = tf.nest.map_structure(tf.stop_gradient, x)
+    stopped = stop_gradient(x)
     return custom_gradient(f(stopped, *others), g(stopped, *others), x, fx_gx_manually_stopped=True)
