@@ -8,13 +8,37 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.util import nest
 
-from stopgrad_math import decorator, gradient_layout, identity
+from stopgrad_math import decorator, gradient_layout, identity, shape_checks
 
 
 def _require_float(dtype: tf.DType, what: str) -> None:
     if not identity.is_floating(dtype):
         raise TypeError(
             f"custom_gradient needs a floating {what} (float16, bfloat16, float32 or float64); got {dtype.name}."
+        )
+
+
+def _require_inexact(dtype: tf.DType, what: str, fx_dtype: tf.DType) -> None:
+    """fx, x and gx are floating or complex; a real fx takes only real x and gx."""
+    if not identity.is_inexact(dtype):
+        raise TypeError(
+            f"custom_gradient needs a floating or complex {what} (float16, bfloat16, float32, float64, "
+            f"complex64 or complex128); got {dtype.name}."
+        )
+    if dtype.is_complex and not fx_dtype.is_complex:
+        raise TypeError(
+            f"custom_gradient got a complex {what} for a real fx ({fx_dtype.name}): a complex derivative "
+            "needs a complex fx."
+        )
+
+
+def _require_both(gx: Any, x: Any) -> None:
+    if x is None or gx is None:
+        raise TypeError(
+            "custom_gradient takes a function, as @custom_gradient or custom_gradient(f) (the decorator form), "
+            "or fx, gx and x, as custom_gradient(fx, gx, x) (the identity form); got fx "
+            f"{'without gx and x' if x is None and gx is None else 'without gx' if gx is None else 'without x'}. "
+            "For a value with no gradient at all, use stop_gradient(fx)."
         )
 
 
@@ -190,19 +214,20 @@ def custom_gradient(
             return decorator.decorate(fx, order=order, check_linearity=check_linearity)
     if order != 1 or check_linearity:
         raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
+    _require_both(gx, x)
     with tf.name_scope(name or "custom_gradient"):
         fx = tf.convert_to_tensor(fx, name="fx")
-        _require_float(fx.dtype, "fx")
+        _require_inexact(fx.dtype, "fx", fx.dtype)
         planned = []
         for label, g, x_leaf in _pairs(gx, x):
             if g is None:
                 continue
             x_leaf = _tensor_like(x_leaf, label)
             g = _tensor_like(g, f"the gradient for {label}", dtype_hint=fx.dtype)
-            _require_float(x_leaf.dtype, label)
-            _require_float(g.dtype, f"gradient for {label}")
-            layout = gradient_layout.choose(label, fx.shape, x_leaf.shape, g.shape)
-            planned.append((label, layout, g, x_leaf))
+            _require_inexact(x_leaf.dtype, label, fx.dtype)
+            _require_inexact(g.dtype, f"gradient for {label}", fx.dtype)
+            layouts = gradient_layout.candidates(label, fx.shape, x_leaf.shape, g.shape)
+            planned.append((label, layouts, g, x_leaf))
         if identity.nothing_records():
             return fx
         return _embed(fx, planned, fx_gx_manually_stopped)
@@ -214,20 +239,17 @@ def scaled_identity(x: tf.Tensor | tf.Variable, scale: Any, what: str = "scale")
     _require_float(x.dtype, "x")
     scale = _tensor_like(scale, what, dtype_hint=x.dtype)
     _require_float(scale.dtype, what)
-    if not gradient_layout.broadcasts_to(scale.shape, x.shape):
-        raise ValueError(f"{what} of shape {scale.shape} does not broadcast against x of shape {x.shape}.")
+    scale = shape_checks.broadcast_checked(scale, x, what, "x")
     if identity.nothing_records():
         return x
-    return _embed(x, [("x", gradient_layout.Layout.ELEMENTWISE, scale, x)], manually_stopped=False)
+    scale = tf.stop_gradient(tf.cast(scale, x.dtype))
+    return identity.attach(tf.stop_gradient(x), [identity.negative_zero_term(scale, x, x.dtype)])
 
 
 def _embed(fx: tf.Tensor, planned: list, manually_stopped: bool) -> tf.Tensor:
     maybe_stop = (lambda t: t) if manually_stopped else tf.stop_gradient
     terms = []
-    for label, layout, g, x_leaf in planned:
-        x_leaf = tf.convert_to_tensor(x_leaf)
+    for label, layouts, g, x_leaf in planned:
         g = maybe_stop(tf.cast(g, fx.dtype))
-        g = gradient_layout.checked(layout, label, fx, x_leaf, g)
-        term = identity.negative_zero_term(g, x_leaf, fx.dtype)
-        terms.append(gradient_layout.contract(layout, term, fx, x_leaf.shape.rank))
+        terms.append(gradient_layout.zero_term(label, layouts, fx, tf.convert_to_tensor(x_leaf), g))
     return identity.attach(maybe_stop(fx), terms)

@@ -6,9 +6,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math import identity
+from stopgrad_math import identity, shape_checks
 from stopgrad_math.embedding import scaled_identity
-from stopgrad_math.gradient_layout import broadcasts_to
 
 
 def straight_through(forward: Any, backward: Any) -> tf.Tensor:
@@ -36,8 +35,7 @@ def straight_through(forward: Any, backward: Any) -> tf.Tensor:
 def _straight_through_leaf(forward: Any, backward: Any) -> tf.Tensor:
     forward = tf.convert_to_tensor(forward)
     backward = tf.convert_to_tensor(backward, dtype_hint=forward.dtype)
-    if not broadcasts_to(backward.shape, forward.shape):
-        raise ValueError(f"backward of shape {backward.shape} does not broadcast to forward of shape {forward.shape}.")
+    backward = shape_checks.broadcast_checked(backward, forward, "backward", "forward")
     if identity.nothing_records():
         return forward
     term = identity.zero_with_slope(tf.cast(backward, forward.dtype), slope_is_negative=True)

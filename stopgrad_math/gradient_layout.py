@@ -8,14 +8,16 @@ these layouts that its shape fits:
   ELEMENTWISE  broadcast(gx.shape, x.shape) == fx.shape: a diagonal Jacobian
                with broadcasting, d fx[i] / d x[i] = gx[i], summed over the
                axes along which x is broadcast.
-  SCALAR       fx has one element and gx.shape == x.shape: d fx / d x = gx.
-  SUM          gx.shape == x.shape: tfp's rule, the gradient of
+  SCALAR       fx has one element and gx broadcasts to x.shape:
+               d fx / d x = gx, broadcast (a scalar gx: the same everywhere).
+  SUM          gx broadcasts to x.shape: tfp's rule, the gradient of
                reduce_sum(fx) is gx (each element of fx gets gx / size(fx)).
 
-A gx that fits none of them is an error. Shapes are compared while tracing;
-where dimensions are unknown then, the first layout the known dimensions allow
-is taken and a check is added to the graph that fails with the same message if
-the run-time shapes do not fit it.
+A gx that fits none of them is an error. Static shapes decide where they are
+fully known (no op is added). Where dimensions are unknown while tracing,
+every layout the known dimensions allow is kept, and the graph takes the
+first that the run-time shapes fit, by the same rules, so eager and graph
+agree for the same shapes; a run-time misfit fails with the static words.
 """
 
 from __future__ import annotations
@@ -24,99 +26,73 @@ import enum
 
 import tensorflow as tf
 
+from stopgrad_math import identity, shape_checks
+
 
 class Layout(enum.Enum):
     JACOBIAN = "the full Jacobian: gx.shape == fx.shape + x.shape"
     ELEMENTWISE = "elementwise: broadcast(gx.shape, x.shape) == fx.shape"
-    SCALAR = "a gradient of a one-element fx: gx.shape == x.shape"
-    SUM = "tfp's rule, the gradient of reduce_sum(fx): gx.shape == x.shape"
+    SCALAR = "the gradient of a one-element fx: gx broadcasts to x.shape"
+    SUM = "tfp's rule, the gradient of reduce_sum(fx): gx broadcasts to x.shape"
 
 
-def _broadcast(a: tf.TensorShape, b: tf.TensorShape) -> tf.TensorShape | None:
-    try:
-        return tf.broadcast_static_shape(a, b)
-    except ValueError:
-        return None
-
-
-def _one_element_possible(shape: tf.TensorShape) -> bool:
-    return all(d is None or d == 1 for d in shape.as_list())
-
-
-def fits_elementwise(fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> bool:
-    """Whether broadcast(gx.shape, x.shape) can be fx.shape."""
-    product = _broadcast(gx, x)
-    return product is not None and product.is_compatible_with(fx)
-
-
-def broadcasts_to(shape: tf.TensorShape, target: tf.TensorShape) -> bool:
-    """Whether a tensor of ``shape`` can broadcast to exactly ``target``."""
-    return fits_elementwise(target, target, shape)
-
-
-def _fits(layout: Layout, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> bool:
+def _may_fit(layout: Layout, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> bool:
     if layout is Layout.JACOBIAN:
         return gx.is_compatible_with(fx.concatenate(x))
     if layout is Layout.ELEMENTWISE:
-        return fits_elementwise(fx, x, gx)
-    if layout is Layout.SCALAR:
-        return _one_element_possible(fx) and gx.is_compatible_with(x)
-    return gx.is_compatible_with(x)
+        product = shape_checks.static_broadcast(gx, x)
+        return product is not None and product.is_compatible_with(fx)
+    if layout is Layout.SCALAR and not shape_checks.may_have_one_element(fx):
+        return False
+    return shape_checks.may_broadcast_to(gx, x)
 
 
-def _describe(name: str, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> str:
-    return (
-        f"fx has shape {fx}, {name} has shape {x} and its gradient has shape {gx}. "
-        f"A gradient must be the full Jacobian (shape {fx.concatenate(x)}), broadcast with "
-        f"{name} to fx's shape (elementwise), or have {name}'s shape."
-    )
-
-
-def choose(name: str, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> Layout:
-    """Returns the first layout that the static shapes fit, else raises ValueError."""
-    for shape, what in ((fx, "fx"), (x, name), (gx, f"the gradient for {name}")):
-        if shape.rank is None:
-            raise ValueError(f"custom_gradient needs a known rank for {what}; got shape {shape}.")
-    for layout in Layout:
-        if _fits(layout, fx, x, gx):
-            return layout
-    raise ValueError(f"The gradient for {name} fits no layout. {_describe(name, fx, x, gx)}")
-
-
-def _runtime_fit(layout: Layout, fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor) -> tf.Tensor:
-    fx_shape, x_shape, gx_shape = tf.shape(fx), tf.shape(x), tf.shape(gx)
+def _fits_at_run_time(layout: Layout, fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor) -> tf.Tensor:
+    """Whether shape vectors fx, x, gx fit the layout (ops that never fail)."""
     if layout is Layout.JACOBIAN:
-        return tf.reduce_all(tf.equal(gx_shape, tf.concat([fx_shape, x_shape], 0)))
+        return shape_checks.same_shape(gx, tf.concat([fx, x], 0))
     if layout is Layout.ELEMENTWISE:
-        return tf.reduce_all(tf.equal(tf.broadcast_dynamic_shape(gx_shape, x_shape), fx_shape))
-    same = tf.reduce_all(tf.equal(gx_shape, x_shape))
-    if layout is Layout.SCALAR:
-        return tf.logical_and(tf.equal(tf.size(fx), 1), same)
-    return same
+        fits, product = shape_checks.broadcast_shape(gx, x)
+        return fits & shape_checks.same_shape(product, fx)
+    fits = shape_checks.broadcasts_to(gx, x)
+    return fits & tf.equal(tf.reduce_prod(fx), 1) if layout is Layout.SCALAR else fits
 
 
-def checked(layout: Layout, name: str, fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor) -> tf.Tensor:
-    """Returns gx, behind a run-time shape check only where static shapes are partial."""
-    if all(t.shape.is_fully_defined() for t in (fx, x, gx)):
-        return gx
-    message = (
-        f"custom_gradient took the gradient for {name} as {layout.value} from the shapes "
-        f"known while tracing (fx {fx.shape}, {name} {x.shape}, gradient {gx.shape}), "
-        "but the run-time shapes do not fit it."
+_MUST_BE = (
+    "A gradient must be the full Jacobian (shape fx.shape + {x}.shape{jacobian}), broadcast with {x} to fx's "
+    "shape (elementwise), or broadcast to {x}'s shape (a one-element fx, or tfp's rule for the sum of fx)."
+)
+
+
+def _misfit(name: str, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> str:
+    jacobian = f" = {fx.concatenate(x)}" if fx.rank is not None and x.rank is not None else ""
+    return (
+        f"The gradient for {name} fits no layout: fx has shape {fx}, {name} has shape {x} and its gradient "
+        f"has shape {gx}. {_MUST_BE.format(x=name, jacobian=jacobian)}"
     )
-    check = tf.debugging.Assert(_runtime_fit(layout, fx, x, gx), [message, tf.shape(fx), tf.shape(x), tf.shape(gx)])
-    with tf.control_dependencies([check]):
-        return tf.identity(gx)
 
 
-def contract(layout: Layout, zero_term: tf.Tensor, fx: tf.Tensor, x_rank: int) -> tf.Tensor:
+def candidates(name: str, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> list[Layout]:
+    """The layouts to choose from: the one that fits where shapes are known, else all that may fit.
+
+    Raises ValueError, naming the argument and the shapes, where none may fit.
+    """
+    layouts = [layout for layout in Layout if _may_fit(layout, fx, x, gx)]
+    if not layouts:
+        raise ValueError(_misfit(name, fx, x, gx))
+    if all(shape.is_fully_defined() for shape in (fx, x, gx)):
+        return layouts[:1]
+    return layouts
+
+
+def _contract(layout: Layout, zero_term: tf.Tensor, fx: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
     """Reduces an elementwise zero term (gx times the zero of x) to fx's layout."""
     if layout is Layout.ELEMENTWISE:
         return zero_term
     if layout is Layout.JACOBIAN:
-        if x_rank == 0:
-            return zero_term
-        return tf.reduce_sum(zero_term, axis=list(range(-x_rank, 0)))
+        if x.shape.rank is None:
+            return tf.reduce_sum(zero_term, axis=tf.range(tf.rank(fx), tf.rank(zero_term)))
+        return tf.reduce_sum(zero_term, axis=list(range(-x.shape.rank, 0))) if x.shape.rank else zero_term
     total = tf.reduce_sum(zero_term)
     if layout is Layout.SCALAR:
         return total
@@ -125,3 +101,70 @@ def contract(layout: Layout, zero_term: tf.Tensor, fx: tf.Tensor, x_rank: int) -
     size = fx.shape.num_elements()
     size = tf.maximum(tf.size(fx), 1) if size is None else max(size, 1)
     return total / tf.cast(size, total.dtype)
+
+
+def zero_term(name: str, layouts: list[Layout], fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor) -> tf.Tensor:
+    """The identity's term for one argument: +0.0 in value, broadcasting to fx, derivative gx in its layout.
+
+    ``layouts`` is ``candidates(...)``'s answer for these tensors; gx is
+    already in fx's dtype and stopped as the caller wants.
+    """
+    if all(t.shape.is_fully_defined() for t in (fx, x, gx)):  # static shapes decided
+        return _contract(layouts[0], identity.negative_zero_term(gx, x, fx.dtype), fx, x)
+    return _RunTime(name, layouts, fx, x, gx).term()
+
+
+class _RunTime:
+    """The term where static shapes leave the layout open: each candidate is computed,
+    on fx, x and gx where it is the first that fits the run-time shapes and on a
+    single zero elsewhere (``shape_checks.reshaped_where``), and the terms added."""
+
+    def __init__(self, name: str, layouts: list[Layout], fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor):
+        self.fx, self.gx, self.dtype = fx, gx, fx.dtype
+        self.minus_u = identity.zero_with_slope(x, slope_is_negative=True)
+        self.shapes = [tf.shape(t) for t in (fx, x, gx)]
+        self.rank = tf.reduce_max(tf.stack([tf.size(s) for s in self.shapes]))
+        self.selected, taken = {}, tf.constant(False)
+        for layout in layouts:
+            fits = _fits_at_run_time(layout, *self.shapes)
+            self.selected[layout] = tf.logical_and(fits, tf.logical_not(taken))
+            taken = tf.logical_or(taken, fits)
+        self.check = shape_checks.require(taken, tf.zeros([], self.dtype), self._message(name))
+
+    def _message(self, name: str) -> list:
+        fx, x, gx = self.shapes
+        return [
+            f"The gradient for {name} fits no layout: fx has shape", fx, f", {name} has shape", x,
+            "and its gradient has shape", gx, ". " + _MUST_BE.format(x=name, jacobian=""),
+        ]  # fmt: skip
+
+    def _padded(self, shape: tf.Tensor) -> tf.Tensor:
+        return tf.concat([tf.ones([self.rank - tf.size(shape)], tf.int32), shape], 0)
+
+    def _product(self, selected: tf.Tensor, g_shape: tf.Tensor, u_shape: tf.Tensor) -> tf.Tensor:
+        g = shape_checks.reshaped_where(self.gx, selected, g_shape)
+        return identity.times_zero(g, shape_checks.reshaped_where(self.minus_u, selected, u_shape), self.dtype)
+
+    def _shaped_like_fx(self, term: tf.Tensor, selected: tf.Tensor) -> tf.Tensor:
+        fx_shape = self.shapes[0]
+        return tf.reshape(term, tf.where(selected, fx_shape, tf.ones_like(fx_shape)))
+
+    def term(self) -> tf.Tensor:
+        fx_shape, x_shape, gx_shape = self.shapes
+        total = self.check
+        if Layout.SCALAR in self.selected or Layout.SUM in self.selected:  # one product serves both
+            scalar = self.selected.get(Layout.SCALAR, tf.constant(False))
+            spread = self.selected.get(Layout.SUM, tf.constant(False))
+            product = self._product(scalar | spread, self._padded(gx_shape), self._padded(x_shape))
+            size = tf.where(spread, tf.maximum(tf.reduce_prod(fx_shape), 1), 1)  # tfp's rule divides by size(fx)
+            total += tf.reduce_sum(product) / tf.cast(size, self.dtype)
+        if Layout.JACOBIAN in self.selected:
+            selected = self.selected[Layout.JACOBIAN]
+            rows, columns = tf.reduce_prod(fx_shape), tf.reduce_prod(x_shape)
+            product = self._product(selected, tf.stack([rows, columns]), tf.stack([1, columns]))
+            total += self._shaped_like_fx(tf.reduce_sum(product, axis=1), selected)
+        if Layout.ELEMENTWISE in self.selected:
+            selected = self.selected[Layout.ELEMENTWISE]
+            product = self._product(selected, self._padded(gx_shape), self._padded(x_shape))
+            total += self._shaped_like_fx(product, selected)
+        return total

@@ -11,6 +11,12 @@ finite x (IEEE 754: a − a is +0.0 under round-to-nearest), and
 ``f`` bit for bit. Its derivative is ``g``, and because ``multiply_no_nan``
 also guards the backward product, a zero upstream gradient gives a zero
 gradient even where g is inf.
+
+Complex tensors get the same identity. TensorFlow's convention for them is
+that the gradient of a holomorphic h with derivative g is conj(g)·upstream,
+and its forward derivative g·tangent; MulNoNan's gradient does not conjugate,
+so for complex g the product is written out in real parts, each a
+multiply_no_nan, and TensorFlow's own real/imag/complex gradients conjugate.
 """
 
 from __future__ import annotations
@@ -19,11 +25,23 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 
 FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+COMPLEX = (tf.complex64, tf.complex128)
 
 
 def is_floating(dtype: tf.DType) -> bool:
-    """Whether the identity can carry a gradient in this dtype (real floating types)."""
+    """Whether the dtype is a real floating type."""
     return dtype.base_dtype in FLOATS
+
+
+def is_inexact(dtype: tf.DType) -> bool:
+    """Whether the identity can carry a gradient in this dtype (real floating or complex)."""
+    return dtype.base_dtype in FLOATS + COMPLEX
+
+
+def _is_finite(x: tf.Tensor) -> tf.Tensor:
+    if x.dtype.is_complex:
+        return tf.math.is_finite(tf.math.real(x)) & tf.math.is_finite(tf.math.imag(x))
+    return tf.math.is_finite(x)
 
 
 def nothing_records() -> bool:
@@ -43,7 +61,7 @@ def zero_with_slope(x: tf.Tensor, slope_is_negative: bool) -> tf.Tensor:
     # gradient at a non-finite element, so there the value wins. multiply_no_nan
     # by a 1/0 mask is that select: its gradient is one op, where tf.where's
     # computes both branches and reduces the unused one (11 ops in eager).
-    finite = tf.cast(tf.math.is_finite(still), x.dtype)
+    finite = tf.cast(_is_finite(still), x.dtype)  # real 1/0: no conjugation to get wrong
     return tf.math.multiply_no_nan(zero, finite)
 
 
@@ -83,8 +101,27 @@ def negative_zero_term(g: tf.Tensor, x: tf.Tensor, dtype: tf.DType) -> tf.Tensor
     (reduced) result from the value, which is why the slope is negated: the
     value stays bit-exact (f − (+0.0) == f) and the derivative is +g.
     """
-    minus_u = zero_with_slope(x, slope_is_negative=True)
-    return tf.math.multiply_no_nan(g, tf.cast(minus_u, dtype))  # tf.cast returns a tensor of that dtype as it is
+    return times_zero(g, zero_with_slope(x, slope_is_negative=True), dtype)
+
+
+def times_zero(g: tf.Tensor, zero: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """multiply_no_nan(g, zero) in ``dtype``, broadcasting: +0.0 for a zero of any sign, slope g."""
+    if dtype.is_complex:
+        return _complex_product(g, zero, dtype)
+    return tf.math.multiply_no_nan(g, tf.cast(zero, dtype))  # tf.cast returns a tensor of that dtype as it is
+
+
+def _complex_product(g: tf.Tensor, zero: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """g·zero in ``dtype`` (complex) from real multiply_no_nans: +0.0 in both parts, slope g."""
+    part = dtype.real_dtype
+    g_re, g_im = tf.math.real(g), tf.math.imag(g)
+    z_re = tf.cast(tf.math.real(zero), part)  # real() of a real tensor is the tensor itself
+    real, imag = tf.math.multiply_no_nan(g_re, z_re), tf.math.multiply_no_nan(g_im, z_re)
+    if zero.dtype.is_complex:
+        z_im = tf.cast(tf.math.imag(zero), part)
+        real -= tf.math.multiply_no_nan(g_im, z_im)
+        imag += tf.math.multiply_no_nan(g_re, z_im)
+    return tf.complex(real, imag)
 
 
 def attach(value: tf.Tensor, zero_terms: list[tf.Tensor]) -> tf.Tensor:
@@ -96,4 +133,6 @@ def attach(value: tf.Tensor, zero_terms: list[tf.Tensor]) -> tf.Tensor:
     result = value
     for term in zero_terms:
         result = result - term
+    if not tf.executing_eagerly():  # a term chosen at run time has no static shape, yet broadcasts to value
+        result.set_shape(value.shape)
     return result

@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math.gradient_layout import broadcasts_to
+from stopgrad_math import shape_checks
 
 
 def stop_gradient(structure: Any) -> Any:
@@ -45,6 +45,5 @@ def stop_gradient_where(x: Any, mask: Any) -> tf.Tensor:
     """
     x = tf.convert_to_tensor(x)
     mask = tf.convert_to_tensor(mask, dtype=tf.bool)
-    if not broadcasts_to(mask.shape, x.shape):
-        raise ValueError(f"mask of shape {mask.shape} does not broadcast to x of shape {x.shape}.")
+    mask = shape_checks.broadcast_checked(mask, x, "mask", "x")
     return tf.where(mask, tf.stop_gradient(x), x)
