@@ -142,8 +142,8 @@ def custom_gradient(
         h = stop(fx) − Σ multiply_no_nan(stop(gx), stop(x) − x)
 
     Each term is exactly +0.0, so ``h`` equals ``fx`` bit for bit in every
-    floating dtype, −0.0, inf and NaN included, whatever ``gx`` and ``x``
-    hold; its derivative w.r.t. ``x`` is ``gx``. (Two caveats that no
+    floating and complex dtype, −0.0, inf and NaN included, whatever ``gx``
+    and ``x`` hold; its derivative w.r.t. ``x`` is ``gx``. (Two caveats that no
     TensorFlow arithmetic op escapes: where the CPU kernels flush denormals
     to zero, a subnormal fx comes back as the zero of its sign; and bfloat16
     arithmetic returns a NaN as the canonical NaN.)
@@ -154,16 +154,29 @@ def custom_gradient(
     * ``gx * x`` broadcasts to exactly ``fx.shape``: elementwise,
       d h[i] / d x[i] = gx[i], summed over the axes along which x is
       broadcast (a scalar x with a vector fx, a per-row parameter).
-    * ``fx`` has one element and ``gx.shape == x.shape``: dh/dx = gx.
-    * otherwise ``gx.shape == x.shape`` takes tfp's rule: the gradient of
-      ``reduce_sum(h)`` is gx, each element of h getting gx / size(fx).
+    * ``fx`` has one element and gx broadcasts to ``x.shape``: dh/dx = gx,
+      broadcast (a scalar gx, or a Python float, for every element of x).
+    * otherwise gx broadcasts to ``x.shape`` and takes tfp's rule: the
+      gradient of ``reduce_sum(h)`` is gx, each element of h getting
+      gx / size(fx).
 
     Any other shape, or a gx whose structure differs from x's, raises
-    ValueError while tracing. With these layouts the vector-Jacobian product
-    is right for any upstream gradient, and ForwardAccumulator, jacobian,
-    vectorized_map, tf.function, XLA and SavedModel all see the same
-    derivative, since the identity is made of ordinary ops. For a scalar fx
-    the result is the same as ``tfp.math.custom_gradient``'s.
+    ValueError while tracing. Where shapes are only partly known while
+    tracing (``TensorSpec(None)``, a batch dimension of None), the layouts
+    the known dimensions allow are kept and the graph takes the first that
+    the run-time shapes fit, so eager and graph agree for the same shapes; a
+    run-time misfit raises InvalidArgumentError with the same words (under
+    XLA, which cannot assert, compilation fails). With these layouts the
+    vector-Jacobian product is right for any upstream gradient, and
+    ForwardAccumulator, jacobian, vectorized_map, tf.function, XLA and
+    SavedModel all see the same derivative, since the identity is made of
+    ordinary ops. For a scalar fx the result is the same as
+    ``tfp.math.custom_gradient``'s.
+
+    Complex fx, gx and x follow TensorFlow's convention for a holomorphic
+    function with derivative gx: the gradient is conj(gx)·upstream, the
+    forward derivative gx·tangent. A complex fx may have real arguments; a
+    real fx takes only real gx and x.
 
     A zero upstream gradient gives a zero gradient even where gx is inf. At an
     element of x that is inf or NaN the value is kept and that element gets no
@@ -175,12 +188,13 @@ def custom_gradient(
     or accumulator active, ``fx`` is returned as it is.
 
     Args:
-      fx: floating Tensor, the value f(x); or, alone, the function to decorate.
+      fx: floating or complex Tensor, the value f(x); or, alone, the
+        function to decorate.
       gx: the derivative of f at x, with the structure of ``x``; a leaf may
         be None for an argument that gets no gradient. Converted to fx's
         dtype.
-      x: a floating Tensor or tf.Variable, or any nested structure of them.
-        May differ from fx in floating dtype.
+      x: a floating or complex Tensor or tf.Variable, or any nested
+        structure of them. May differ from fx in precision.
       fx_gx_manually_stopped: if True, fx and gx are not wrapped in
         stop_gradient (tfp's partial custom gradient).
       name: name scope for the ops.
@@ -193,7 +207,9 @@ def custom_gradient(
       with keyword arguments only).
 
     Raises:
-      TypeError: fx, x or gx is not floating; f does not return (y, grad_fn).
+      TypeError: fx, x or gx is not floating or complex, or complex for a
+        real fx; fx is given without gx and x (neither form); f does not
+        return (y, grad_fn).
       ValueError: the structure or a shape of gx does not fit x and fx;
         grad_fn returns the wrong number, shape or dtype of gradients, or is
         detectably not linear.

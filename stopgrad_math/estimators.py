@@ -16,7 +16,8 @@ def straight_through(forward: Any, backward: Any) -> tf.Tensor:
     ``stop(forward) − (stop(backward) − backward)``: the subtracted term is
     exactly +0.0, so the value is forward bit for bit, never the rounded
     ``backward + stop(forward − backward)``; the derivative is backward's.
-    ``backward`` broadcasts to forward's shape and is cast to its dtype. At an
+    ``backward`` broadcasts to forward's shape (checked at run time where
+    shapes are unknown while tracing) and is cast to its dtype. At an
     element where backward is inf or NaN the value is kept and no gradient
     passes. Nested structures are mapped leaf by leaf.
 
@@ -46,8 +47,9 @@ def scale_gradient(x: Any, scale: Any) -> Any:
     """Returns x with its gradient multiplied by ``scale``.
 
     The elementwise identity with f = x and g = scale: the value is x bit for
-    bit and d/dx is scale (broadcast against x, no gradient to scale). A
-    tf.Variable scale can follow a schedule. Nested structures of x are
+    bit and d/dx is scale (broadcast to x's shape, checked at run time where
+    shapes are unknown while tracing; no gradient to scale). A tf.Variable
+    scale can follow a schedule. Nested structures of x are
     mapped leaf by leaf with the same scale.
 
     Example:

@@ -32,7 +32,8 @@ def stop_gradient_where(x: Any, mask: Any) -> tf.Tensor:
     exactly (inf, NaN and subnormals too); the gradient is the upstream where
     mask is false and zero where it is true, the per-element stop that
     ``tf.stop_gradient`` cannot express. ``mask`` is a bool tensor that
-    broadcasts to x's shape.
+    broadcasts to x's shape: checked while tracing, or when the graph runs
+    where shapes are not known before (ValueError, InvalidArgumentError).
 
     Example:
 

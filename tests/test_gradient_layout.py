@@ -1,50 +1,66 @@
-"""Which layout a gx shape selects, and the errors for shapes that fit none."""
+"""Which layouts a gx shape selects, and the errors for shapes that fit none."""
 
 import pytest
 import tensorflow as tf
 
-from stopgrad_math.gradient_layout import Layout, choose
+from stopgrad_math.gradient_layout import Layout, candidates
 
 S = tf.TensorShape
+J, E, C, U = Layout.JACOBIAN, Layout.ELEMENTWISE, Layout.SCALAR, Layout.SUM
 
 
 @pytest.mark.parametrize(
     "fx, x, gx, layout",
     [
-        ([3], [3], [3, 3], Layout.JACOBIAN),
-        ([2, 3], [4], [2, 3, 4], Layout.JACOBIAN),
-        ([], [5], [5], Layout.JACOBIAN),  # a scalar's Jacobian is its gradient
-        ([4], [], [4], Layout.JACOBIAN),  # a scalar x: the same as elementwise
-        ([3], [3], [3], Layout.ELEMENTWISE),
-        ([3], [3], [], Layout.ELEMENTWISE),  # one derivative for every element
-        ([3, 4], [3, 1], [3, 4], Layout.ELEMENTWISE),  # a per-row parameter
-        ([2, 3], [2, 3], [3], Layout.ELEMENTWISE),
-        ([0], [0], [0], Layout.ELEMENTWISE),
-        ([1, 1], [3], [3], Layout.SCALAR),
-        ([2], [3], [3], Layout.SUM),
-        ([4], [], [], Layout.SUM),  # tfp's rule: the gradient of the sum is gx
-        ([None], [None], [None], Layout.ELEMENTWISE),
-        ([None, 3], [3], [None, 3], Layout.ELEMENTWISE),
-        ([], [None], [None], Layout.JACOBIAN),
+        ([3], [3], [3, 3], J),
+        ([2, 3], [4], [2, 3, 4], J),
+        ([], [5], [5], J),  # a scalar's Jacobian is its gradient
+        ([4], [], [4], J),  # a scalar x: the same as elementwise
+        ([3], [3], [3], E),
+        ([3], [3], [], E),  # one derivative for every element
+        ([3, 4], [3, 1], [3, 4], E),  # a per-row parameter
+        ([2, 3], [2, 3], [3], E),
+        ([0], [0], [0], E),
+        ([1, 1], [3], [3], C),
+        ([], [2], [], C),  # tfp's stack([a, b]) case: a scalar gx broadcast to x
+        ([], [2, 3], [], C),  # a Python float for a matrix: tfp crashes here
+        ([1], [2, 3], [1, 3], C),
+        ([2], [3], [3], U),
+        ([4], [], [], U),  # tfp's rule: the gradient of the sum is gx
+        ([2], [3], [], U),  # ... broadcast to x
+        ([2], [2, 3], [3], U),
     ],
 )
-def test_layout_is_the_first_that_fits(fx, x, gx, layout):
-    assert choose("x", S(fx), S(x), S(gx)) is layout
+def test_fully_known_shapes_select_the_first_layout_that_fits(fx, x, gx, layout):
+    assert candidates("x", S(fx), S(x), S(gx)) == [layout]
+
+
+@pytest.mark.parametrize(
+    "fx, x, gx, layouts",
+    [
+        ([None], [None], [None], [E, C, U]),  # batch dimensions of None: decided at run time
+        ([None, 3], [3], [None, 3], [E]),
+        ([], [None], [None], [J, C, U]),
+        ([2], [3], [None], [U]),
+        (None, [3], [3], [J, E, C, U]),
+        (None, None, None, [J, E, C, U]),
+    ],
+)
+def test_unknown_dimensions_keep_every_layout_that_may_fit(fx, x, gx, layouts):
+    assert candidates("x", S(fx), S(x), S(gx)) == layouts
 
 
 @pytest.mark.parametrize(
     "fx, x, gx",
-    [([2, 3], [5], [4]), ([], [2], []), ([3], [3], [2, 3]), ([2], [2], [3])],
+    [([2, 3], [5], [4]), ([], [2], [3]), ([3], [3], [2, 3]), ([2], [2], [3]), ([None, 2], [3], [4])],
 )
 def test_a_shape_that_fits_nothing_names_every_shape(fx, x, gx):
     with pytest.raises(ValueError) as error:
-        choose("x[w]", S(fx), S(x), S(gx))
+        candidates("x[w]", S(fx), S(x), S(gx))
     message = str(error.value)
     for shape in (fx, x, gx):
         assert str(S(shape)) in message
-    assert "x[w]" in message and str(S(fx).concatenate(S(x))) in message
-
-
-def test_unknown_rank_is_refused():
-    with pytest.raises(ValueError, match="known rank for the gradient for x"):
-        choose("x", S([3]), S([3]), S(None))
+    assert message.startswith("The gradient for x[w] fits no layout")
+    assert "broadcast to x[w]'s shape" in message
+    if S(fx).is_fully_defined():
+        assert str(S(fx).concatenate(S(x))) in message

@@ -169,7 +169,7 @@ def test_scale_gradient_with_a_variable_schedule_broadcast_per_row(mode):
 
 
 def test_scale_gradient_rejects_a_scale_that_does_not_broadcast():
-    with pytest.raises(ValueError, match=r"scale of shape \(3,\) does not broadcast against x of shape \(2,\)"):
+    with pytest.raises(ValueError, match=r"scale of shape \(3,\) does not broadcast to x of shape \(2,\)"):
         scale_gradient(tf.ones([2]), tf.ones([3]))
     with pytest.raises(ValueError, match="does not broadcast"):
         scale_gradient(tf.ones([2]), tf.ones([2, 2]))  # never read as a Jacobian
