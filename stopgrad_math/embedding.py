@@ -232,7 +232,7 @@ def custom_gradient(
         raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
     _require_both(gx, x)
     with tf.name_scope(name or "custom_gradient"):
-        fx = tf.convert_to_tensor(fx, name="fx")
+        fx = tf.convert_to_tensor(_tensor_like(fx, "fx"), name="fx")
         _require_inexact(fx.dtype, "fx", fx.dtype)
         planned = []
         for label, g, x_leaf in _pairs(gx, x):

@@ -23,6 +23,7 @@ agree for the same shapes; a run-time misfit fails with the static words.
 from __future__ import annotations
 
 import enum
+import functools
 
 import tensorflow as tf
 
@@ -45,17 +46,6 @@ def _may_fit(layout: Layout, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.Tenso
     if layout is Layout.SCALAR and not shape_checks.may_have_one_element(fx):
         return False
     return shape_checks.may_broadcast_to(gx, x)
-
-
-def _fits_at_run_time(layout: Layout, fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor) -> tf.Tensor:
-    """Whether shape vectors fx, x, gx fit the layout (ops that never fail)."""
-    if layout is Layout.JACOBIAN:
-        return shape_checks.same_shape(gx, tf.concat([fx, x], 0))
-    if layout is Layout.ELEMENTWISE:
-        fits, product = shape_checks.broadcast_shape(gx, x)
-        return fits & shape_checks.same_shape(product, fx)
-    fits = shape_checks.broadcasts_to(gx, x)
-    return fits & tf.equal(tf.reduce_prod(fx), 1) if layout is Layout.SCALAR else fits
 
 
 _MUST_BE = (
@@ -123,13 +113,30 @@ class _RunTime:
         self.fx, self.gx, self.dtype = fx, gx, fx.dtype
         self.minus_u = identity.zero_with_slope(x, slope_is_negative=True)
         self.shapes = [tf.shape(t) for t in (fx, x, gx)]
-        self.rank = tf.reduce_max(tf.stack([tf.size(s) for s in self.shapes]))
+        self.padded, self.ranks = shape_checks.left_padded(*self.shapes)
         self.selected, taken = {}, tf.constant(False)
+        fits = self._fits()
         for layout in layouts:
-            fits = _fits_at_run_time(layout, *self.shapes)
-            self.selected[layout] = tf.logical_and(fits, tf.logical_not(taken))
-            taken = tf.logical_or(taken, fits)
+            self.selected[layout] = tf.logical_and(fits[layout](), tf.logical_not(taken))
+            taken = tf.logical_or(taken, self.selected[layout])
         self.check = shape_checks.require(taken, tf.zeros([], self.dtype), self._message(name))
+
+    def _fits(self) -> dict:
+        """Whether the run-time shapes fit each layout, computed only for the layouts asked for."""
+        (fx, x, gx), (fx_rank, x_rank, gx_rank) = self.padded, self.ranks
+        to_x = functools.cache(lambda: shape_checks.broadcasts_to_padded(gx, gx_rank, x, x_rank))
+
+        def elementwise() -> tf.Tensor:
+            fits, product = shape_checks.broadcast_padded(gx, x)
+            return fits & tf.equal(tf.maximum(gx_rank, x_rank), fx_rank) & tf.reduce_all(tf.equal(product, fx))
+
+        fx_shape, x_shape, gx_shape = self.shapes
+        return {
+            Layout.JACOBIAN: lambda: shape_checks.same_shape(gx_shape, tf.concat([fx_shape, x_shape], 0)),
+            Layout.ELEMENTWISE: elementwise,
+            Layout.SCALAR: lambda: to_x() & tf.equal(tf.reduce_prod(fx_shape), 1),
+            Layout.SUM: to_x,
+        }
 
     def _message(self, name: str) -> list:
         fx, x, gx = self.shapes
@@ -137,9 +144,6 @@ class _RunTime:
             f"The gradient for {name} fits no layout: fx has shape", fx, f", {name} has shape", x,
             "and its gradient has shape", gx, ". " + _MUST_BE.format(x=name, jacobian=""),
         ]  # fmt: skip
-
-    def _padded(self, shape: tf.Tensor) -> tf.Tensor:
-        return tf.concat([tf.ones([self.rank - tf.size(shape)], tf.int32), shape], 0)
 
     def _product(self, selected: tf.Tensor, g_shape: tf.Tensor, u_shape: tf.Tensor) -> tf.Tensor:
         g = shape_checks.reshaped_where(self.gx, selected, g_shape)
@@ -150,12 +154,13 @@ class _RunTime:
         return tf.reshape(term, tf.where(selected, fx_shape, tf.ones_like(fx_shape)))
 
     def term(self) -> tf.Tensor:
-        fx_shape, x_shape, gx_shape = self.shapes
+        fx_shape, x_shape, _ = self.shapes
+        _, x_padded, gx_padded = self.padded
         total = self.check
         if Layout.SCALAR in self.selected or Layout.SUM in self.selected:  # one product serves both
             scalar = self.selected.get(Layout.SCALAR, tf.constant(False))
             spread = self.selected.get(Layout.SUM, tf.constant(False))
-            product = self._product(scalar | spread, self._padded(gx_shape), self._padded(x_shape))
+            product = self._product(scalar | spread, gx_padded, x_padded)
             size = tf.where(spread, tf.maximum(tf.reduce_prod(fx_shape), 1), 1)  # tfp's rule divides by size(fx)
             total += tf.reduce_sum(product) / tf.cast(size, self.dtype)
         if Layout.JACOBIAN in self.selected:
@@ -165,6 +170,5 @@ class _RunTime:
             total += self._shaped_like_fx(tf.reduce_sum(product, axis=1), selected)
         if Layout.ELEMENTWISE in self.selected:
             selected = self.selected[Layout.ELEMENTWISE]
-            product = self._product(selected, self._padded(gx_shape), self._padded(x_shape))
-            total += self._shaped_like_fx(product, selected)
+            total += self._shaped_like_fx(self._product(selected, gx_padded, x_padded), selected)
         return total

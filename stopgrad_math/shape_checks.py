@@ -17,6 +17,7 @@ a reshape that XLA refuses while compiling (``require``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -55,36 +56,42 @@ def may_have_one_element(shape: tf.TensorShape) -> bool:
 # ---------------------------------------------------------------- shape vectors at run time
 
 
-def _aligned(a: tf.Tensor, b: tf.Tensor, fill_a: int, fill_b: int, left: bool) -> tuple[tf.Tensor, tf.Tensor]:
-    """a and b padded to a common length with fill values, on the left or the right."""
-    length = tf.maximum(tf.size(a), tf.size(b))
+def left_padded(*shapes: tf.Tensor) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+    """Shape vectors padded on the left with ones to their common length, and their lengths (the ranks).
 
-    def pad(v: tf.Tensor, fill: int) -> tf.Tensor:
-        padding = tf.fill([length - tf.size(v)], fill)
-        return tf.concat([padding, v] if left else [v, padding], 0)
-
-    return pad(a, fill_a), pad(b, fill_b)
+    Broadcasting aligns shapes on the right, so padded vectors compare
+    elementwise whatever the ranks were.
+    """
+    ranks = [tf.size(s) for s in shapes]
+    length = functools.reduce(tf.maximum, ranks)
+    return [tf.concat([tf.ones([length - r], tf.int32), s], 0) for s, r in zip(shapes, ranks, strict=True)], ranks
 
 
 def same_shape(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     """Whether two shape vectors are equal, lengths included (never an error)."""
-    a, b = _aligned(a, b, -1, -2, left=False)  # different fills: a length mismatch never compares equal
+    length = tf.maximum(tf.size(a), tf.size(b))
+    # Padded on the right with different fills: a length mismatch never compares equal.
+    a, b = (tf.concat([v, tf.fill([length - tf.size(v)], fill)], 0) for v, fill in ((a, -1), (b, -2)))
     return tf.reduce_all(tf.equal(a, b))
 
 
-def broadcast_shape(a: tf.Tensor, b: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """(whether a and b broadcast, the broadcast shape where they do)."""
-    a, b = _aligned(a, b, 1, 1, left=True)
+def broadcast_padded(a: tf.Tensor, b: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(whether a and b broadcast, the broadcast shape where they do), for vectors padded by ``left_padded``."""
     # tf.equal, not ==: in a TF1 graph == compares the tensors' identities.
-    a_is_one, b_is_one = tf.equal(a, 1), tf.equal(b, 1)
-    fits = tf.reduce_all(tf.equal(a, b) | a_is_one | b_is_one)
+    a_is_one = tf.equal(a, 1)
+    fits = tf.reduce_all(tf.equal(a, b) | a_is_one | tf.equal(b, 1))
     return fits, tf.where(a_is_one, b, a)
+
+
+def broadcasts_to_padded(shape: tf.Tensor, rank: tf.Tensor, target: tf.Tensor, target_rank: tf.Tensor) -> tf.Tensor:
+    """Whether a tensor broadcasts to exactly ``target``'s shape, for vectors padded by ``left_padded``."""
+    return tf.less_equal(rank, target_rank) & tf.reduce_all(tf.equal(shape, target) | tf.equal(shape, 1))
 
 
 def broadcasts_to(shape: tf.Tensor, target: tf.Tensor) -> tf.Tensor:
     """Whether a tensor of shape vector ``shape`` broadcasts to exactly ``target``."""
-    fits, product = broadcast_shape(shape, target)
-    return fits & same_shape(product, target)
+    (shape, target), (rank, target_rank) = left_padded(shape, target)
+    return broadcasts_to_padded(shape, rank, target, target_rank)
 
 
 # ---------------------------------------------------------------- decisions at run time

@@ -541,9 +541,15 @@ def test_inputs_of_other_dtypes_are_type_errors(fx, gx, x, what):
         ((tf.ones(2), None, tf.ones(2)), "without gx"),
     ],
 )
-def test_a_tensor_without_gx_or_x_is_a_type_error_naming_both_forms(args, missing):
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_a_tensor_without_gx_or_x_is_a_type_error_naming_both_forms(args, missing, mode):
     with pytest.raises(TypeError, match=rf"decorator form.*identity form.*{missing}"):
-        custom_gradient(*args)
+        in_mode(lambda: custom_gradient(*args), mode)()
+
+
+def test_an_fx_that_is_no_tensor_is_a_type_error_naming_fx():
+    with pytest.raises(TypeError, match="could not convert fx to a Tensor"):
+        custom_gradient(lambda x: x, tf.ones(2), tf.ones(2))
 
 
 # ---------------------------------------------------------------- complex

@@ -21,7 +21,8 @@ def numpy_broadcast(a, b):
 
 @tf.function(input_signature=[VECTOR, VECTOR])
 def run_time_predicates(a, b):
-    fits, product = shape_checks.broadcast_shape(a, b)
+    (a_padded, b_padded), _ = shape_checks.left_padded(a, b)
+    fits, product = shape_checks.broadcast_padded(a_padded, b_padded)
     return shape_checks.same_shape(a, b), fits, product, shape_checks.broadcasts_to(a, b)
 
 
