@@ -10,8 +10,15 @@ embeds the linear map itself:
 grad_fn is linear in d, so the inner derivative is exactly the Jacobian-vector
 product; v is +0.0 in value, so the subtracted term is +0.0 and h is y bit for
 bit; and the derivative of h w.r.t. x is J, whose reverse-mode product with an
-upstream gradient is grad_fn(upstream) again. Both zeros are the identity
-module's, so there is one code path for the identity.
+upstream gradient is grad_fn(upstream) again. Where y has one element no
+transpose is needed: J is grad_fn(1), and the identity form embeds it,
+
+    h = y − Σ multiply_no_nan(grad_fn(1), v)
+
+which also serves grad_fns that TensorFlow cannot differentiate. Every zero is
+the identity module's, so there is one code path for the identity. What is
+carried of each kind of argument is ``gradient_components``'; how grad_fn is
+called and read is ``grad_fn_conventions``'.
 """
 
 from __future__ import annotations
@@ -23,92 +30,16 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record
-from tensorflow.python.util import nest
 
-from stopgrad_math import identity, linearity
+from stopgrad_math import grad_fn_conventions, identity, linearity
+from stopgrad_math.grad_fn_conventions import Gradient
+from stopgrad_math.gradient_components import Component, Flattened
+from stopgrad_math.gradient_components import of as component_of
 
-
-def _is_float_tensor(value: Any) -> bool:
-    return isinstance(value, (tf.Tensor, tf.Variable)) and identity.is_floating(value.dtype)
-
-
-def _pack(structure: Any, leaves: list) -> Any:
-    """tf.nest.pack_sequence_as, skipped for a single leaf (nest's packing is slow in eager)."""
-    return tf.nest.pack_sequence_as(structure, leaves) if tf.nest.is_nested(structure) else leaves[0]
-
-
-def _stop_tensors(kwargs: dict) -> dict:
-    """The keyword arguments with every tensor in them stopped: they are constants."""
-    if not kwargs:  # the common case, without nest's cost
-        return kwargs
-    return tf.nest.map_structure(lambda t: tf.stop_gradient(t) if isinstance(t, tf.Tensor) else t, kwargs)
-
-
-@dataclasses.dataclass(frozen=True)
-class _GradSignature:
-    """How to call a grad_fn: which upstream convention, and whether it takes variables."""
-
-    upstream_keyword: bool  # grad(*args, upstream=None): keras, torch style
-    structured: bool  # grad(upstream) for a nested y: JAX style, one structured argument
-    takes_variables: bool
-
-
-def _signature_of_parameters(parameters: tuple) -> _GradSignature:
-    kinds = dict(parameters)
-    positional = [k for k in kinds.values() if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
-    return _GradSignature(
-        upstream_keyword=kinds.get("upstream") == "KEYWORD_ONLY",
-        structured=len(positional) - ("variables" in kinds and kinds["variables"] != "KEYWORD_ONLY") == 1
-        and "VAR_POSITIONAL" not in kinds.values(),
-        takes_variables="variables" in kinds or "VAR_KEYWORD" in kinds.values(),
-    )
-
-
-def _parameters(grad_fn: Callable) -> tuple:
-    return tuple((p.name, p.kind.name) for p in inspect.signature(grad_fn).parameters.values())
-
-
-_SIGNATURES: dict[Any, _GradSignature] = {}
-
-
-def _signature(grad_fn: Callable) -> _GradSignature:
-    """grad_fn's calling convention.
-
-    A plain function's parameters are fixed by its code object, which the
-    closures made afresh on every call share, so those are cached by code;
-    methods, partials, callable objects and wrapped functions are read anew.
-    """
-    code = getattr(grad_fn, "__code__", None)
-    if code is None or inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__"):
-        return _signature_of_parameters(_parameters(grad_fn))
-    if code not in _SIGNATURES:
-        _SIGNATURES[code] = _signature_of_parameters(_parameters(grad_fn))
-    return _SIGNATURES[code]
-
-
-@dataclasses.dataclass
-class _Arguments:
-    """The flattened positional arguments of f and which of them carry gradients."""
-
-    structure: list | None  # None when every argument is a leaf
-    leaves: list
-    names: list[str]
-    differentiable: list[int]
-
-    @classmethod
-    def of(cls, args: tuple) -> _Arguments:
-        nested = any(tf.nest.is_nested(arg) for arg in args)
-        paths = nest.flatten_with_joined_string_paths(list(args)) if nested else list(enumerate(args))
-        names = [f"args[{path}]" for path, _ in paths]
-        leaves = [leaf for _, leaf in paths]
-        differentiable = [i for i, leaf in enumerate(leaves) if _is_float_tensor(leaf)]
-        return cls(list(args) if nested else None, leaves, names, differentiable)
-
-    def with_leaves(self, replacements: dict[int, Any]) -> tuple:
-        leaves = [replacements.get(i, leaf) for i, leaf in enumerate(self.leaves)]
-        return tuple(leaves if self.structure is None else tf.nest.pack_sequence_as(self.structure, leaves))
+_NUMBERS = (bool, int, float, complex, np.ndarray, np.generic)
 
 
 def _call_f(f: Callable, args: tuple, kwargs: dict) -> tuple[Any, Callable]:
@@ -116,71 +47,6 @@ def _call_f(f: Callable, args: tuple, kwargs: dict) -> tuple[Any, Callable]:
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
         raise TypeError(f"{getattr(f, '__name__', f)} must return a pair (y, grad_fn); got {type(result).__name__}.")
     return result[0], result[1]
-
-
-def _as_outputs(y: Any) -> list:
-    return [t if t is None or isinstance(t, tf.Tensor) else tf.convert_to_tensor(t) for t in tf.nest.flatten(y)]
-
-
-def _upstream_zeros(y_leaves: list) -> list:
-    return [tf.zeros_like(t) if _is_float_tensor(t) else None for t in y_leaves]
-
-
-def _call_grad_fn(grad_fn: Callable, y: Any, upstreams: list, variables: list) -> tuple[Any, Any]:
-    """Calls grad_fn in its own convention; returns (gradients of args, gradients of variables)."""
-    signature = _signature(grad_fn)
-    kwargs = {"variables": variables} if variables and signature.takes_variables else {}
-    if signature.upstream_keyword:
-        result = grad_fn(upstream=_pack(y, upstreams), **kwargs)
-    elif signature.structured and len(upstreams) > 1:
-        result = grad_fn(_pack(y, upstreams), **kwargs)
-    else:
-        result = grad_fn(*upstreams, **kwargs)
-    if not kwargs:
-        return result, None
-    if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise ValueError("grad_fn takes `variables`, so it must return (grads_of_args, grads_of_variables).")
-    return result[0], result[1]
-
-
-def _match(gradients: Any, arguments: _Arguments) -> dict[int, tf.Tensor]:
-    """Pairs grad_fn's gradients with the differentiable leaves of the arguments."""
-    if gradients is None:
-        return {}
-    flat = [gradients] if isinstance(gradients, (tf.Tensor, tf.Variable)) else tf.nest.flatten(gradients)
-    if len(flat) == len(arguments.leaves):
-        pairs = dict(enumerate(flat))
-    elif len(flat) == len(arguments.differentiable):
-        pairs = dict(zip(arguments.differentiable, flat, strict=True))
-    else:
-        raise ValueError(
-            f"grad_fn returned {len(flat)} gradients; f has {len(arguments.leaves)} arguments "
-            f"({len(arguments.differentiable)} of them floating tensors): {arguments.names}."
-        )
-    return {i: _checked_gradient(pairs[i], arguments, i) for i in arguments.differentiable if pairs.get(i) is not None}
-
-
-def _checked_gradient(gradient: Any, arguments: _Arguments, index: int) -> tf.Tensor:
-    name, leaf = arguments.names[index], arguments.leaves[index]
-    gradient = tf.convert_to_tensor(gradient, dtype_hint=leaf.dtype)
-    if not identity.is_floating(gradient.dtype):
-        raise ValueError(f"grad_fn returned a {gradient.dtype.name} gradient for {name}, which is {leaf.dtype.name}.")
-    if not gradient.shape.is_compatible_with(leaf.shape):
-        raise ValueError(f"grad_fn returned a gradient of shape {gradient.shape} for {name} of shape {leaf.shape}.")
-    return gradient
-
-
-@dataclasses.dataclass
-class _Plan:
-    """What one call embeds: the value, the grad_fn, and the zeros of its inputs."""
-
-    y: Any
-    value_leaves: list
-    grad_fn: Callable
-    arguments: _Arguments
-    zeros: dict[int, tf.Tensor]  # v = stop(x) − x for each differentiable argument
-    variables: list
-    variable_zeros: list
 
 
 def _positional(f: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -192,82 +58,183 @@ def _positional(f: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return bound.args, bound.kwargs
 
 
+def _constants(kwargs: dict) -> dict:
+    """The keyword arguments with every tensor and variable in them stopped: they are constants."""
+    if not kwargs:  # the common case, without nest's cost
+        return kwargs
+    flat = Flattened.of(kwargs, "kwargs")
+    return flat.with_tensors({i: tf.stop_gradient(flat.components[i].tensor) for i in flat.differentiable})
+
+
+def _stopped(flat: Flattened) -> Any:
+    return flat.with_tensors({i: tf.stop_gradient(flat.components[i].tensor) for i in flat.differentiable})
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What one call embeds: f's value, its grad_fn, and the components of arguments and outputs."""
+
+    outputs: Flattened
+    grad_fn: Callable
+    arguments: Flattened
+    variables: list[Component]  # read inside f, when grad_fn gives their gradients
+
+    def gradients(self, upstreams: dict[int, Any]) -> list[Gradient]:
+        """grad_fn(upstreams), checked and paired with the components they belong to."""
+        variables = [c.value for c in self.variables]
+        grads, variable_grads = grad_fn_conventions.call(self.grad_fn, self.outputs, upstreams, variables)
+        pairs = grad_fn_conventions.match(grads, self.arguments)
+        if self.variables:
+            flat = list(variable_grads) if variable_grads is not None else []
+            if len(flat) != len(self.variables):
+                counts = len(flat), len(self.variables)
+                raise ValueError(f"grad_fn returned {counts[0]} variable gradients for {counts[1]} variables.")
+            pairs += [(c, g) for c, g in zip(self.variables, flat, strict=True) if g is not None]
+        return [grad_fn_conventions.checked(c, g) for c, g in pairs]
+
+    def with_terms(self, terms: dict[int, list[tf.Tensor]]) -> Any:
+        """f's value with zero terms attached to output components: y bit for bit, derivative theirs."""
+        attached = {i: identity.attach(self.outputs.components[i].tensor, t) for i, t in terms.items() if t}
+        return self.outputs.with_tensors(attached)
+
+
+def _outputs(y: Any) -> Flattened:
+    # Numbers become tensors so that grad_fn gets an upstream for them, as with tf.custom_gradient.
+    y = tf.nest.map_structure(lambda t: tf.convert_to_tensor(t) if isinstance(t, _NUMBERS) else t, y)
+    return Flattened.of(y, "y")
+
+
 def _evaluate(f: Callable, args: tuple, kwargs: dict, order: int) -> _Plan:
     args, kwargs = _positional(f, args, kwargs)
-    arguments = _Arguments.of(args)
-    x = {i: tf.convert_to_tensor(arguments.leaves[i]) for i in arguments.differentiable}
-    zeros = {i: identity.zero_with_slope(t, slope_is_negative=True) for i, t in x.items()}
-    stopped = {i: tf.stop_gradient(t) for i, t in x.items()}
-    kwargs = _stop_tensors(kwargs)
-    with record.VariableWatcher() as watcher:
-        y, grad_fn = _call_f(f, arguments.with_leaves(stopped), kwargs)
+    arguments = Flattened.of(list(args), "args")
+    kwargs = _constants(kwargs)
+    at = {i: tf.stop_gradient(arguments.components[i].tensor) for i in arguments.differentiable}
     if order == 2:
-        # The midpoint stop(x) − v/2 equals x bit for bit (−0.0 too) and moves
+        # The midpoint stop(x) + u/2 equals x bit for bit (−0.0 too) and moves
         # at half speed, which makes J·v exact to second order.
-        midpoint = {i: stopped[i] - zeros[i] / 2 for i in x}
-        _, grad_fn = _call_f(f, arguments.with_leaves(midpoint), kwargs)
-    variables = list(watcher.watched_variables()) if _signature(grad_fn).takes_variables else []
-    value_leaves = _as_outputs(y)
-    if variables:  # grad_fn gives the variables' gradients: cut autodiff's path to them
-        value_leaves = [tf.stop_gradient(t) if _is_float_tensor(t) else t for t in value_leaves]
-    variable_zeros = [identity.zero_with_slope(tf.convert_to_tensor(v), slope_is_negative=True) for v in variables]
-    return _Plan(y, value_leaves, grad_fn, arguments, zeros, variables, variable_zeros)
+        at = {i: t + identity.zero_with_slope(arguments.components[i].tensor, False) / 2 for i, t in at.items()}
+    with record.VariableWatcher() as watcher:
+        y, grad_fn = _call_f(f, tuple(arguments.with_tensors(at)), kwargs)
+    watched = watcher.watched_variables()
+    if order == 2:  # f ran once, at the midpoint: its value must not move with it
+        outputs = _outputs(y)
+        y = _stopped(outputs) if not watched else _call_f(f, tuple(_stopped(arguments)), kwargs)[0]
+    outputs = _outputs(y)
+    variables = []
+    if watched and grad_fn_conventions.signature(grad_fn).takes_variables:
+        variables = [component_of(v.name, v) for v in watched]
+        outputs = _outputs(_stopped(outputs))  # grad_fn gives the variables' gradients: cut autodiff's path to them
+    return _Plan(outputs, grad_fn, arguments, variables)
 
 
-def _gradients(plan: _Plan, upstreams: list) -> tuple[list, list, list]:
-    """grad_fn(upstreams) as (gradients, the zeros they pair with, their names)."""
-    grads, variable_grads = _call_grad_fn(plan.grad_fn, plan.y, upstreams, plan.variables)
-    matched = _match(grads, plan.arguments)
-    targets = [matched[i] for i in matched]
-    zeros = [plan.zeros[i] for i in matched]
-    names = [plan.arguments.names[i] for i in matched]
-    variable_targets = _variable_targets(variable_grads, plan)
-    for gradient, zero, variable in zip(variable_targets, plan.variable_zeros, plan.variables, strict=True):
-        if gradient is not None:
-            targets.append(gradient)
-            zeros.append(zero)
-            names.append(variable.name)
-    return targets, zeros, names
+def _one_element_output(plan: _Plan) -> int | None:
+    """The only differentiable output, where it is a dense tensor of one element known while tracing."""
+    differentiable = plan.outputs.differentiable
+    if len(differentiable) != 1:
+        return None
+    output = plan.outputs.components[differentiable[0]]
+    return differentiable[0] if isinstance(output.value, tf.Tensor) and output.value.shape.num_elements() == 1 else None
 
 
-def _jacobian_times_zeros(plan: _Plan, check_linearity: bool) -> list:
-    """J·v for each output leaf: the derivative of ⟨grad_fn(d), v⟩ w.r.t. d at d = 0."""
-    upstreams = _upstream_zeros(plan.value_leaves)
-    watched = [d for d in upstreams if d is not None]
+def _zero_maps_checked(gradients: list[Gradient]) -> tuple[list[Gradient], list[Gradient]]:
+    """(the gradients that depend on the upstream, the others checked to be zero: the zero map, J = 0).
+
+    Judged while the inner tape records: a result no tape can reach from the
+    upstream does not depend on it. (One that reads a tensor an outer tape
+    watches counts as dependent, so a constant grad_fn of such a tensor
+    escapes the check.)
+    """
+    depends = [record.should_record_backprop([g.values]) for g in gradients]
+    connected = [g for g, d in zip(gradients, depends, strict=True) if d]
+    zero = [
+        Gradient(g.component, linearity.require_zero(g.values, g.name), g.indices)
+        for g, d in zip(gradients, depends, strict=True)
+        if not d
+    ]
+    return connected, zero
+
+
+def _scalar_terms(gradients: list[Gradient], dtype: tf.DType, conjugate: bool = False) -> list[tf.Tensor]:
+    """Σ multiply_no_nan(g, v) in ``dtype``: the identity form's terms for a y of one element."""
+    terms = []
+    for gradient in gradients:
+        g = tf.math.conj(gradient.values) if conjugate else gradient.values
+        terms.append(tf.reduce_sum(identity.times_zero(g, gradient.zero(), dtype)))
+    return terms
+
+
+def _embed_one_element(plan: _Plan, index: int) -> Any:
+    """y of one element: its derivative is grad_fn(1), embedded as the identity form does (no transpose)."""
+    output = plan.outputs.components[index]
+    y = output.tensor
+    # grad_fn(0) must be zero; its ops only run where that is checked (eager; a graph prunes them unless static).
+    at_zero = plan.gradients({index: output.rebuild(tf.zeros_like(y))})
+    linearity.check_at_zero([g.values for g in at_zero], [g.name for g in at_zero])
+    one = tf.ones_like(y)
+    with tf.GradientTape(watch_accessed_variables=False) as inner:
+        inner.watch(one)
+        connected, zero = _zero_maps_checked(plan.gradients({index: output.rebuild(one)}))
+    # grad_fn(1) is conj(J) for a complex y, TensorFlow's convention.
+    return plan.with_terms({index: _scalar_terms(connected + zero, y.dtype, conjugate=y.dtype.is_complex)})
+
+
+def _jacobian_times_zeros(plan: _Plan, check_linearity: bool) -> dict[int, list[tf.Tensor]]:
+    """The zero term of each output component: J·v, the derivative of ⟨grad_fn(d), v⟩ w.r.t. d at d = 0."""
+    zero_upstreams = {i: tf.zeros_like(plan.outputs.components[i].tensor) for i in plan.outputs.differentiable}
+    upstreams = {i: plan.outputs.components[i].rebuild(d) for i, d in zero_upstreams.items()}
+    watched = list(zero_upstreams.values())
     with tf.GradientTape(watch_accessed_variables=False) as inner:
         inner.watch(watched)
-        targets, zeros, names = _gradients(plan, upstreams)
-    linearity.check_at_zero(targets, names)
+        gradients = plan.gradients(upstreams)
+        connected, zero = _zero_maps_checked(gradients)
+    linearity.check_at_zero([g.values for g in gradients], [g.name for g in gradients])
     if check_linearity:
-        linearity.check_superposition(lambda ups: _gradients(plan, ups)[0], upstreams)
-    if not targets or not watched:
-        return [None] * len(watched)
-    zeros = [tf.cast(z, g.dtype) for z, g in zip(zeros, targets, strict=True)]
-    products = inner.gradient(targets, watched, output_gradients=zeros)
-    linearity.check_connected(products, targets)
-    return products
+        rebuild = {i: plan.outputs.components[i].rebuild for i in zero_upstreams}
+        call = lambda ups: [g.values for g in plan.gradients({i: rebuild[i](d) for i, d in ups.items()})]  # noqa: E731
+        linearity.check_superposition(call, zero_upstreams)
+    terms = {i: [] for i in zero_upstreams}
+    if connected:
+        products = _transposed(inner, connected, watched)
+        for i, product in zip(zero_upstreams, products, strict=True):
+            terms[i] += [] if product is None else [identity.zero_with_slope(product, False)]
+    for i in terms:  # the zero maps connect their arguments: zero gradients, not None, as tf.custom_gradient
+        terms[i] += _scalar_terms(zero, plan.outputs.components[i].tensor.dtype)
+    return terms
 
 
-def _variable_targets(variable_grads: Any, plan: _Plan) -> list:
-    if not plan.variables:
-        return []
-    flat = list(variable_grads) if variable_grads is not None else []
-    if len(flat) != len(plan.variables):
-        raise ValueError(f"grad_fn returned {len(flat)} variable gradients for {len(plan.variables)} variables.")
-    pairs = zip(flat, plan.variables, strict=True)
-    return [None if g is None else tf.convert_to_tensor(g, dtype_hint=v.dtype) for g, v in pairs]
+def _transposed(inner: tf.GradientTape, gradients: list[Gradient], watched: list) -> list:
+    """J·v for each watched upstream: grad_fn's ops differentiated against the zeros v."""
+    zeros = [tf.cast(g.zero(), g.values.dtype) for g in gradients]
+    try:
+        return inner.gradient([g.values for g in gradients], watched, output_gradients=zeros)
+    except LookupError as error:
+        raise ValueError(_OPAQUE.format(error=error)) from error
+
+
+_OPAQUE = (
+    "grad_fn cannot be differentiated with respect to its upstream gradient, which the decorator needs to embed "
+    "it for a y of more than one element: {error}. A grad_fn that calls external code (tf.numpy_function, "
+    "tf.py_function) or ops whose gradient is disabled cannot be transposed; give y one element, or compute the "
+    "Jacobian and pass it to the identity form, custom_gradient(fx, jacobian, x)."
+)
 
 
 def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: bool) -> Any:
     plan = _evaluate(f, args, kwargs, order)
-    products = iter(_jacobian_times_zeros(plan, check_linearity))
-    outputs = []
-    for leaf in plan.value_leaves:
-        product = next(products) if _is_float_tensor(leaf) else None
-        if product is not None:  # y − (J·v − stop(J·v)): the same exact zero as for x
-            leaf = identity.attach(leaf, [identity.zero_with_slope(product, slope_is_negative=False)])
-        outputs.append(leaf)
-    return _pack(plan.y, outputs)
+    if not plan.outputs.differentiable or not (plan.arguments.differentiable or plan.variables):
+        return plan.outputs.structure  # nothing to differentiate: no grad_fn call, as tf.custom_gradient
+    index = _one_element_output(plan)
+    if index is not None and not check_linearity and _real_or_all_complex(plan, index):
+        return _embed_one_element(plan, index)
+    return plan.with_terms(_jacobian_times_zeros(plan, check_linearity))
+
+
+def _real_or_all_complex(plan: _Plan, index: int) -> bool:
+    """Whether grad_fn(1) is J: a complex y, or real arguments (a real y has no complex derivative)."""
+    if plan.outputs.components[index].tensor.dtype.is_complex:
+        return True
+    components = [plan.arguments.components[i] for i in plan.arguments.differentiable] + plan.variables
+    return not any(c.tensor.dtype.is_complex for c in components)
 
 
 def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Callable:

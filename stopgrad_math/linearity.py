@@ -12,7 +12,6 @@ on request.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -32,28 +31,48 @@ def check_at_zero(gradients: Sequence[tf.Tensor], names: Sequence[str]) -> None:
             raise ValueError(f"grad_fn(0) is not zero for {name}: {_NOT_LINEAR}.")
 
 
-def check_connected(products: Sequence[Any], gradients: Sequence[tf.Tensor]) -> None:
-    """Raises ValueError where grad_fn returned gradients that do not depend on the upstream."""
-    if gradients and all(p is None for p in products):
-        raise ValueError(f"grad_fn's result does not depend on the upstream gradient: {_NOT_LINEAR}.")
+def require_zero(gradient: tf.Tensor, name: str) -> tf.Tensor:
+    """A gradient that does not depend on the upstream, which is linear only as the zero map (J = 0).
+
+    Returns the gradient where it is zero. Raises ValueError where its value
+    is known while tracing (always in eager) and is not zero; where it is not
+    known, the returned tensor asserts it when the graph runs (XLA compiles
+    the assertion to nothing, so there a constant grad_fn passes as zero).
+    """
+    value = tf.get_static_value(gradient)
+    if value is not None:
+        if np.any(value != 0):
+            raise ValueError(f"grad_fn's result for {name} does not depend on the upstream gradient and is not zero: "
+                             f"{_NOT_LINEAR}.")
+        return gradient
+    message = f"grad_fn's result for {name} does not depend on the upstream gradient and is not zero: {_NOT_LINEAR}."
+    check = tf.debugging.Assert(tf.reduce_all(tf.equal(gradient, 0)), [message])
+    with tf.control_dependencies([check]):
+        return tf.identity(gradient)
 
 
-def check_superposition(call: Callable[[list], list], upstreams: Sequence[Any], seed: int = 0) -> None:
+def _random_like(t: tf.Tensor, seed: list[int]) -> tf.Tensor:
+    part = t.dtype.real_dtype
+    draw = tf.random.stateless_normal(tf.shape(t), seed, dtype=part)
+    if not t.dtype.is_complex:
+        return draw
+    return tf.complex(draw, tf.random.stateless_normal(tf.shape(t), [seed[0], seed[1] + 7], dtype=part))
+
+
+def check_superposition(call: Callable[[dict], list], upstreams: dict[int, tf.Tensor], seed: int = 0) -> None:
     """Raises if call(a·d1 + d2) differs from a·call(d1) + call(d2) for random d1, d2.
 
-    ``call`` maps a list of upstream gradients (None for outputs without one)
-    to a list of gradients. In eager mode the check raises at once; in a
-    graph it runs with the graph (tf.errors.InvalidArgumentError).
+    ``call`` maps upstream gradients (one tensor per output that has one,
+    keyed as ``upstreams``) to a list of gradients. In eager mode the check
+    raises at once; in a graph it runs with the graph
+    (tf.errors.InvalidArgumentError).
     """
-    d1, d2 = (
-        [None if d is None else tf.random.stateless_normal(tf.shape(d), [seed, k], dtype=d.dtype) for d in upstreams]
-        for k in (1, 2)
-    )
+    d1, d2 = ({i: _random_like(d, [seed, k]) for i, d in upstreams.items()} for k in (1, 2))
     a = 1.7
-    mixed = [None if p is None else a * p + q for p, q in zip(d1, d2, strict=True)]
+    mixed = {i: a * d1[i] + d2[i] for i in upstreams}
     for lhs, g1, g2 in zip(call(mixed), call(d1), call(d2), strict=True):
         rhs = a * g1 + g2
-        rtol = _RTOL[lhs.dtype.base_dtype]
+        rtol = _RTOL[lhs.dtype.real_dtype.base_dtype]
         scale = tf.reduce_max(tf.abs(tf.concat([tf.reshape(rhs, [-1]), tf.zeros([1], rhs.dtype)], 0)))
         atol = rtol * scale
         tf.debugging.assert_near(lhs, rhs, rtol=rtol, atol=atol, message=f"grad_fn is not linear: {_NOT_LINEAR}")

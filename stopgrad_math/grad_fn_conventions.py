@@ -1,0 +1,171 @@
+"""How a grad_fn is called, and how its answer is matched to f's arguments.
+
+grad_fn maps upstream gradients to argument gradients, in any of the
+conventions users write: ``grad(upstream)`` or ``grad(*upstreams)`` (TF),
+``grad(upstream)`` taking y's structure (JAX), ``grad(*args, upstream=None)``
+or ``grad(*args, upstream)`` (keras, torch), with ``variables`` when it also
+gives the gradients of variables read inside f.
+
+Its answer is matched to the arguments by structure where it has theirs (a
+dict gradient for a dict argument, by key), else as a flat list in
+tf.nest's order (dict keys sorted), one per leaf or one per differentiable
+leaf. Each gradient is checked against its argument's dtype and shape, at
+run time where the shapes are not known while tracing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.util import nest
+
+from stopgrad_math import gradient_components, identity, shape_checks
+from stopgrad_math.gradient_components import Component, Flattened
+
+
+@dataclasses.dataclass(frozen=True)
+class _Signature:
+    """How to call a grad_fn: which upstream convention, and whether it takes variables."""
+
+    upstream_keyword: bool  # grad(*args, upstream=None): keras, torch style
+    structured: bool  # grad(upstream) for a nested y: JAX style, one structured argument
+    takes_variables: bool
+
+
+def _signature_of_parameters(parameters: tuple) -> _Signature:
+    kinds = dict(parameters)
+    positional = [k for k in kinds.values() if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    return _Signature(
+        upstream_keyword=kinds.get("upstream") == "KEYWORD_ONLY",
+        structured=len(positional) - ("variables" in kinds and kinds["variables"] != "KEYWORD_ONLY") == 1
+        and "VAR_POSITIONAL" not in kinds.values(),
+        takes_variables="variables" in kinds or "VAR_KEYWORD" in kinds.values(),
+    )
+
+
+def _parameters(grad_fn: Callable) -> tuple:
+    return tuple((p.name, p.kind.name) for p in inspect.signature(grad_fn).parameters.values())
+
+
+_SIGNATURES: dict[Any, _Signature] = {}
+
+
+def signature(grad_fn: Callable) -> _Signature:
+    """grad_fn's calling convention.
+
+    A plain function's parameters are fixed by its code object, which the
+    closures made afresh on every call share, so those are cached by code;
+    methods, partials, callable objects and wrapped functions are read anew.
+    """
+    code = getattr(grad_fn, "__code__", None)
+    if code is None or inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__"):
+        return _signature_of_parameters(_parameters(grad_fn))
+    if code not in _SIGNATURES:
+        _SIGNATURES[code] = _signature_of_parameters(_parameters(grad_fn))
+    return _SIGNATURES[code]
+
+
+def call(grad_fn: Callable, outputs: Flattened, upstreams: dict[int, Any], variables: list) -> tuple[Any, Any]:
+    """Calls grad_fn in its own convention; returns (gradients of args, gradients of variables).
+
+    ``upstreams`` holds an upstream for each output leaf that has one (of the
+    leaf's own kind); the others get None.
+    """
+    flat = [upstreams.get(i) for i in range(len(outputs.components))]
+    packed = tf.nest.pack_sequence_as(outputs.structure, flat) if tf.nest.is_nested(outputs.structure) else flat[0]
+    convention = signature(grad_fn)
+    kwargs = {"variables": variables} if variables and convention.takes_variables else {}
+    if convention.upstream_keyword:
+        result = grad_fn(upstream=packed, **kwargs)
+    elif convention.structured and len(flat) > 1:
+        result = grad_fn(packed, **kwargs)
+    else:
+        result = grad_fn(*flat, **kwargs)
+    if not kwargs:
+        return result, None
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise ValueError("grad_fn takes `variables`, so it must return (grads_of_args, grads_of_variables).")
+    return result[0], result[1]
+
+
+_SINGLE = (tf.Tensor, tf.Variable, tf.IndexedSlices, tf.RaggedTensor, tf.SparseTensor)
+
+
+def _flat(gradients: Any, arguments: Flattened) -> list:
+    """grad_fn's gradients, one per argument leaf where the structure says so, else as tf.nest flattens them."""
+    if isinstance(gradients, _SINGLE) or not tf.nest.is_nested(gradients):
+        return [gradients]
+    shallow = arguments.structure
+    if len(shallow) == 1 and not (isinstance(gradients, (list, tuple)) and len(gradients) == 1):
+        shallow = shallow[0]  # one argument: its gradient may come alone, not in a list of one
+    try:
+        return nest.flatten_up_to(shallow, gradients, check_types=False)
+    except (TypeError, ValueError):
+        return tf.nest.flatten(gradients)
+
+
+def match(gradients: Any, arguments: Flattened) -> list[tuple[Component, Any]]:
+    """Pairs grad_fn's gradients with the differentiable leaves of the arguments (None: no gradient)."""
+    if gradients is None:
+        return []
+    flat, components = _flat(gradients, arguments), arguments.components
+    differentiable = [components[i] for i in arguments.differentiable]
+    if len(flat) == len(components):
+        pairs = zip(components, flat, strict=True)
+    elif len(flat) == len(differentiable):
+        pairs = zip(differentiable, flat, strict=True)
+    else:
+        raise ValueError(
+            f"grad_fn returned {len(flat)} gradients; f has {len(components)} argument leaves "
+            f"({len(differentiable)} of them floating or complex): {[c.name for c in components]}. A flat list is "
+            "matched in tf.nest's order (dict keys sorted)."
+        )
+    return [(c, g) for c, g in pairs if g is not None and c.differentiable]
+
+
+@dataclasses.dataclass
+class Gradient:
+    """grad_fn's gradient for one component, checked: dense, or the values of tf.IndexedSlices."""
+
+    component: Component
+    values: tf.Tensor
+    indices: tf.Tensor | None  # rows of the component, for a sparse gradient
+
+    @property
+    def name(self) -> str:
+        return self.component.name
+
+    def zero(self, slope_is_negative: bool = True) -> tf.Tensor:
+        """The identity's zero of what this gradient covers: the component, or only its gathered rows."""
+        if self.indices is None:
+            return identity.zero_with_slope(self.component.tensor, slope_is_negative)
+        rows = tf.gather(self.component.gathers, self.indices)  # the rows alone, never the whole table
+        return identity.zero_with_slope(rows, slope_is_negative)
+
+
+def checked(component: Component, gradient: Any) -> Gradient:
+    """grad_fn's gradient for a component, with its dtype and shape checked."""
+    gradient = gradient_components.gradient_tensor(gradient, component)
+    if isinstance(gradient, tf.IndexedSlices):
+        _check(gradient.values, component, rows=True)
+        return Gradient(component, gradient.values, gradient.indices)
+    return Gradient(component, _check(gradient, component, rows=False), None)
+
+
+def _check(values: tf.Tensor, component: Component, rows: bool) -> tf.Tensor:
+    """values, checked to be the gradient (or, with ``rows``, gathered rows of it) of the component."""
+    target, name = component.tensor, component.name
+    if not identity.is_inexact(values.dtype) or (values.dtype.is_complex and not target.dtype.is_complex):
+        raise ValueError(f"grad_fn returned a {values.dtype.name} gradient for {name}, a {target.dtype.name}.")
+    compared = (values.shape[1:], target.shape[1:]) if rows else (values.shape, target.shape)
+    if not compared[0].is_compatible_with(compared[1]):
+        raise ValueError(f"grad_fn returned a gradient of shape {values.shape} for {name} of shape {target.shape}.")
+    if rows or (values.shape.is_fully_defined() and target.shape.is_fully_defined()):
+        return values
+    shapes = tf.shape(values), tf.shape(target)
+    message = ["grad_fn returned a gradient of shape", shapes[0], f"for {name} of shape", shapes[1]]
+    return shape_checks.require(shape_checks.same_shape(*shapes), values, message)

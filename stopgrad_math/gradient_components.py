@@ -1,0 +1,137 @@
+"""What of an argument or output the identity carries: its gradient component.
+
+The identity differentiates dense tensors. Each kind of value users pass
+has one tensor that carries its gradient, as in TensorFlow:
+
+  a floating or complex tf.Tensor      itself
+  a variable: tf.Variable and its      one read of it; the gradient reaches the
+    subclasses (mirrored, AutoCast),   variable through the read
+    keras.Variable, ShardedVariable
+  tf.RaggedTensor                      its flat_values
+  tf.SparseTensor, tf.IndexedSlices    their values
+
+Integer, bool and string tensors, Python numbers and strings, None, NumPy
+arrays, dtypes, shapes and callables are constants: no tape can watch them,
+or (a callable) what they read is read inside f. Anything else raises
+TypeError naming the argument, so that nothing reaches plain autodiff
+without saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.util import nest
+
+from stopgrad_math import identity
+
+_CONSTANTS = (type(None), bool, int, float, complex, str, bytes, np.ndarray, np.generic, tf.DType, tf.TensorShape)
+_COMPOSITES = (tf.RaggedTensor, tf.SparseTensor, tf.IndexedSlices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """One value's gradient component, and how to put a replacement for it back."""
+
+    name: str
+    value: Any  # as the caller passed it
+    tensor: tf.Tensor | None  # the tensor that carries the gradient; None for a constant
+    rebuild: Callable[[tf.Tensor], Any]  # value with tensor replaced
+
+    @property
+    def differentiable(self) -> bool:
+        return self.tensor is not None and identity.is_inexact(self.tensor.dtype)
+
+    @property
+    def gathers(self) -> Any:
+        """What tf.gather reads rows of: the variable itself (no full read), else the tensor."""
+        return self.value if isinstance(self.value, tf.Variable) else self.tensor
+
+
+def _is_variable(value: Any) -> bool:
+    # keras.Variable (Keras 3) is TensorFlow's base Tensor type but no tf.Tensor, a ShardedVariable a
+    # composite; both are exported only under tf.__internal__, which Keras itself uses for them.
+    variable_types = (tf.Variable, tf.__internal__.types.Tensor, tf.__internal__.distribute.ShardedVariable)
+    return isinstance(value, variable_types) and not isinstance(value, tf.Tensor)
+
+
+def of(name: str, value: Any) -> Component:
+    """The gradient component of one leaf of f's arguments or outputs; TypeError for what cannot be carried."""
+    if isinstance(value, tf.Tensor):
+        return Component(name, value, value, lambda t: t)
+    if isinstance(value, tf.RaggedTensor):
+        return Component(f"{name}.flat_values", value, value.flat_values, value.with_flat_values)
+    if isinstance(value, tf.SparseTensor):
+        return Component(f"{name}.values", value, value.values, value.with_values)
+    if isinstance(value, tf.IndexedSlices):
+        rebuild = lambda t: tf.IndexedSlices(t, value.indices, value.dense_shape)  # noqa: E731
+        return Component(f"{name}.values", value, value.values, rebuild)
+    if _is_variable(value):
+        read = tf.convert_to_tensor(value)
+        return Component(name, value, read, lambda t: t)
+    if isinstance(value, _CONSTANTS) or callable(value):
+        return Component(name, value, None, lambda t: value)
+    raise TypeError(
+        f"custom_gradient cannot carry {name}, a {type(value).__name__}: it knows tensors, variables, "
+        "RaggedTensor, SparseTensor, IndexedSlices, Python numbers, strings, None, NumPy arrays and nested "
+        "lists, tuples and dicts of them. Pass the tensors it holds, or close over it in f (what f reads "
+        "from a closure keeps its ordinary autodiff gradient)."
+    )
+
+
+def zeros_like(component: Component) -> Any:
+    """An upstream of zeros for an output: its own kind (a RaggedTensor for a RaggedTensor), or None."""
+    if not component.differentiable:
+        return None
+    return component.rebuild(tf.zeros_like(component.tensor))
+
+
+def gradient_tensor(gradient: Any, component: Component) -> tf.Tensor | tf.IndexedSlices:
+    """The part of grad_fn's gradient for a value that belongs to its component.
+
+    A composite value takes a composite gradient of its kind (its component
+    is taken) or the component's gradient itself; a dense value takes a
+    tensor, anything convertible to one, or tf.IndexedSlices (kept sparse).
+    """
+    if isinstance(gradient, tf.IndexedSlices) and isinstance(component.value, tf.IndexedSlices):
+        return gradient.values
+    if isinstance(gradient, tf.IndexedSlices):
+        return gradient
+    if isinstance(gradient, _COMPOSITES):
+        if type(gradient) is not type(component.value):
+            kinds = type(gradient).__name__, type(component.value).__name__
+            raise ValueError(f"grad_fn returned a {kinds[0]} for {component.name}, a {kinds[1]}.")
+        return of(component.name, gradient).tensor
+    return tf.convert_to_tensor(gradient, dtype_hint=component.tensor.dtype)
+
+
+@dataclasses.dataclass
+class Flattened:
+    """A structure's leaves as components, in tf.nest's order, and the way back to the structure."""
+
+    structure: Any
+    components: list[Component]
+
+    @classmethod
+    def of(cls, structure: Any, prefix: str) -> Flattened:
+        """Leaves named ``prefix[path]``; a lone leaf is named ``prefix``."""
+        if not tf.nest.is_nested(structure):
+            return cls(structure, [of(prefix, structure)])
+        if isinstance(structure, (list, tuple)) and not any(tf.nest.is_nested(leaf) for leaf in structure):
+            paths = enumerate(structure)  # the common flat argument list, without nest's cost in eager
+        else:
+            paths = nest.flatten_with_joined_string_paths(structure)
+        return cls(structure, [of(f"{prefix}[{path}]", leaf) for path, leaf in paths])
+
+    @property
+    def differentiable(self) -> list[int]:
+        return [i for i, c in enumerate(self.components) if c.differentiable]
+
+    def with_tensors(self, tensors: dict[int, tf.Tensor]) -> Any:
+        """The structure with each component ``i`` in ``tensors`` replaced."""
+        leaves = [c.rebuild(tensors[i]) if i in tensors else c.value for i, c in enumerate(self.components)]
+        return tf.nest.pack_sequence_as(self.structure, leaves) if tf.nest.is_nested(self.structure) else leaves[0]
