@@ -136,22 +136,41 @@ def _one_element_output(plan: _Plan) -> int | None:
     return differentiable[0] if isinstance(output.value, tf.Tensor) and output.value.shape.num_elements() == 1 else None
 
 
-def _zero_maps_checked(gradients: list[Gradient]) -> tuple[list[Gradient], list[Gradient]]:
-    """(the gradients that depend on the upstream, the others checked to be zero: the zero map, J = 0).
+def _has_derivative(inner: tf.GradientTape, gradient: Gradient, watched: list) -> bool:
+    """Whether a recorded result has a derivative w.r.t. the upstream.
 
-    Judged while the inner tape records: a result no tape can reach from the
-    upstream does not depend on it. (One that reads a tensor an outer tape
-    watches counts as dependent, so a constant grad_fn of such a tensor
-    escapes the check.)
+    A graph's tape records ops whose gradient is none (PyFunc); asking costs
+    only tracing, since the graph prunes ops nothing uses. Eager tapes skip
+    such ops, so there being recorded is the answer.
     """
-    depends = [record.should_record_backprop([g.values]) for g in gradients]
-    connected = [g for g, d in zip(gradients, depends, strict=True) if d]
-    zero = [
-        Gradient(g.component, linearity.require_zero(g.values, g.name), g.indices)
-        for g, d in zip(gradients, depends, strict=True)
-        if not d
-    ]
-    return connected, zero
+    if tf.executing_eagerly():
+        return True
+    try:
+        return any(p is not None for p in inner.gradient(gradient.values, watched))
+    except LookupError:  # a gradient that refuses to exist: the transpose says so, naming the way out
+        return True
+
+
+def _unreached(plan: _Plan, gradients: list[Gradient], reached: list[bool]) -> list[Gradient]:
+    """The gradients no tape reaches from the upstream, each taken at upstream 1 and checked to be zero.
+
+    Such a result is either constant, linear only as the zero map (J = 0), or
+    computed by code the tape does not record (tf.numpy_function), which is
+    zero at upstream 0 too; at upstream 1 the zero map alone is zero.
+    """
+    names = {g.name for g, r in zip(gradients, reached, strict=True) if not r}
+    if not names:
+        return []
+    ones = {i: plan.outputs.components[i].rebuild(tf.ones_like(plan.outputs.components[i].tensor))
+            for i in plan.outputs.differentiable}  # fmt: skip
+    at_one = [g for g in plan.gradients(ones) if g.name in names]
+    return [Gradient(g.component, _zero_after(linearity.require_zero(g.values, g.name)), g.indices) for g in at_one]
+
+
+def _zero_after(checked: tf.Tensor) -> tf.Tensor:
+    """Zeros computed from ``checked``, so that its check runs with them. Where nothing can check it (XLA
+    compiles assertions to nothing) the argument gets a zero gradient, never the constant times the upstream."""
+    return tf.math.multiply_no_nan(checked, tf.zeros([], checked.dtype))
 
 
 def _scalar_terms(gradients: list[Gradient], dtype: tf.DType, conjugate: bool = False) -> list[tf.Tensor]:
@@ -170,12 +189,9 @@ def _embed_one_element(plan: _Plan, index: int) -> Any:
     # grad_fn(0) must be zero; its ops only run where that is checked (eager; a graph prunes them unless static).
     at_zero = plan.gradients({index: output.rebuild(tf.zeros_like(y))})
     linearity.check_at_zero([g.values for g in at_zero], [g.name for g in at_zero])
-    one = tf.ones_like(y)
-    with tf.GradientTape(watch_accessed_variables=False) as inner:
-        inner.watch(one)
-        connected, zero = _zero_maps_checked(plan.gradients({index: output.rebuild(one)}))
+    gradients = plan.gradients({index: output.rebuild(tf.ones_like(y))})
     # grad_fn(1) is conj(J) for a complex y, TensorFlow's convention.
-    return plan.with_terms({index: _scalar_terms(connected + zero, y.dtype, conjugate=y.dtype.is_complex)})
+    return plan.with_terms({index: _scalar_terms(gradients, y.dtype, conjugate=y.dtype.is_complex)})
 
 
 def _jacobian_times_zeros(plan: _Plan, check_linearity: bool) -> dict[int, list[tf.Tensor]]:
@@ -183,11 +199,14 @@ def _jacobian_times_zeros(plan: _Plan, check_linearity: bool) -> dict[int, list[
     zero_upstreams = {i: tf.zeros_like(plan.outputs.components[i].tensor) for i in plan.outputs.differentiable}
     upstreams = {i: plan.outputs.components[i].rebuild(d) for i, d in zero_upstreams.items()}
     watched = list(zero_upstreams.values())
-    with tf.GradientTape(watch_accessed_variables=False) as inner:
+    with tf.GradientTape(watch_accessed_variables=False, persistent=not tf.executing_eagerly()) as inner:
         inner.watch(watched)
         gradients = plan.gradients(upstreams)
-        connected, zero = _zero_maps_checked(gradients)
+        recorded = [record.should_record_backprop([g.values]) for g in gradients]
+    reached = [r and _has_derivative(inner, g, watched) for g, r in zip(gradients, recorded, strict=True)]
     linearity.check_at_zero([g.values for g in gradients], [g.name for g in gradients])
+    connected = [g for g, r in zip(gradients, reached, strict=True) if r]
+    zero = _unreached(plan, gradients, reached)
     if check_linearity:
         rebuild = {i: plan.outputs.components[i].rebuild for i in zero_upstreams}
         call = lambda ups: [g.values for g in plan.gradients({i: rebuild[i](d) for i, d in ups.items()})]  # noqa: E731

@@ -658,6 +658,8 @@ def test_order_two_value_is_exact_and_first_derivative_unchanged(mode):
 
 
 def test_order_two_first_derivative_turns_nan_where_grad_fn_overflows():
+    """Structural, hence order=1 stays the default: a second derivative needs a path from x into grad_fn's ops,
+    which carries v = 0 at first order, and grad_fn's own derivative there is 0·exp(100) = NaN in float32."""
     log1pexp2 = custom_gradient(order=2)(log1pexp_tf.undecorated)
     x = tf.constant([0.0, 100.0])
     grad = vjp(log1pexp2, x)
@@ -665,16 +667,167 @@ def test_order_two_first_derivative_turns_nan_where_grad_fn_overflows():
     np.testing.assert_array_equal(vjp(log1pexp_tf, x), [0.5, 1.0])
 
 
+def counting(reads_variable):
+    calls, scale = [], tf.Variable(2.0)
+
+    def f(x):
+        calls.append(1)
+        e = tf.exp(x) * (scale if reads_variable else 2.0)
+        return tf.math.log(1 + e), lambda dy: dy * (1 - 1 / (1 + e))
+
+    return custom_gradient(order=2)(f), calls, scale
+
+
+def test_order_two_calls_f_once_when_it_reads_no_variables():
+    fn, calls, _ = counting(reads_variable=False)
+    x = tf.constant([0.5, -1.0])
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        grad = vjp(fn, x)
+    truth = tf.math.sigmoid(x + tf.math.log(2.0))  # d/dx log(1 + 2eˣ)
+    np.testing.assert_allclose(grad, truth, rtol=1e-6)
+    np.testing.assert_allclose(outer.gradient(grad, x), truth * (1 - truth), rtol=1e-5)
+    assert len(calls) == 1
+
+
+def test_order_two_with_a_variable_read_in_f_keeps_its_autodiff_gradient():
+    fn, calls, scale = counting(reads_variable=True)
+    x = tf.constant([0.5, -1.0])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.reduce_sum(fn(x))
+    d_scale = tape.gradient(y, scale)
+    np.testing.assert_allclose(d_scale, tf.reduce_sum(tf.exp(x) / (1 + 2 * tf.exp(x))), rtol=1e-6)
+    assert len(calls) == 2  # once at the midpoint for grad_fn, once at x for the value that moves with the variable
+
+
 # ---------------------------------------------------------------- linearity and errors
 
 
-def test_grad_fn_without_path_to_upstream_is_refused():
+@pytest.mark.parametrize("x", [[1.0], [1.0, 2.0]], ids=["one element", "two elements"])
+def test_a_constant_nonzero_grad_fn_is_refused(x):
     @custom_gradient
     def constant_grad(x):
         return x, lambda dy: tf.ones_like(x)
 
     with pytest.raises(ValueError, match="linear in the upstream"):
-        vjp(constant_grad, tf.constant([1.0]))
+        vjp(constant_grad, tf.constant(x))
+
+
+@pytest.mark.parametrize("mode", ["function", "xla"])
+def test_a_constant_grad_fn_whose_value_is_unknown_while_tracing_fails_when_the_graph_runs(mode):
+    @custom_gradient
+    def constant_grad(x):
+        return 2 * x, lambda dy: tf.ones_like(x)
+
+    traced = tf.function(lambda x: vjp(constant_grad, x), input_signature=[tf.TensorSpec(None)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not zero at upstream 1"):
+        traced(tf.constant([1.0, 2.0]))
+    if mode == "xla":  # XLA compiles the assertion to nothing: the stated limit, measured
+        xla = tf.function(lambda x: vjp(constant_grad, x), input_signature=[tf.TensorSpec(None)], jit_compile=True)
+        np.testing.assert_array_equal(xla(tf.constant([1.0, 2.0])), [0.0, 0.0])
+
+
+# ---------------------------------------------------------------- the zero map, infinite and opaque derivatives
+
+
+def zero_map(decorator, which):
+    @decorator
+    def f(x, b):
+        if which == "zeros":
+            return 2 * x * b, lambda dy: (tf.zeros_like(x), tf.zeros_like(b))
+        if which == "none":
+            return 2 * x * b, lambda dy: None
+        return 2 * x * b, lambda dy: (2 * dy * b, tf.zeros_like(b))  # a zero map for b alone
+
+    return f
+
+
+def grads_of_both(fn, x, b):
+    with tf.GradientTape() as tape:
+        tape.watch([x, b])
+        y = fn(x, b)
+    return tape.gradient(y, [x, b])
+
+
+@pytest.mark.parametrize("which", ["zeros", "none", "one argument"])
+def test_the_zero_map_is_accepted_and_matches_tf_custom_gradient(which, mode):
+    x, b = tf.constant([1.0, 2.0]), tf.constant([3.0, -1.0])
+    ours = in_mode(lambda x, b: grads_of_both(zero_map(custom_gradient, which), x, b), mode)(x, b)
+    if which == "none":  # tf.custom_gradient wants one None per input; None for both is no gradient at all
+        assert ours == [None, None]
+        with pytest.raises(ValueError, match="expected to return 2 gradients"):
+            grads_of_both(zero_map(tf.custom_gradient, which), x, b)
+        return
+    anchor = grads_of_both(zero_map(tf.custom_gradient, which), x, b)
+    for a, c in zip(ours, anchor, strict=True):
+        assert (a is None) == (c is None)
+        if a is not None:
+            np.testing.assert_array_equal(a, c)
+    if which == "one argument":
+        np.testing.assert_array_equal(ours[0], [6.0, -2.0])
+
+
+@custom_gradient
+def root(x):
+    s = tf.sqrt(x)
+    return s, lambda dy: dy * 0.5 / s
+
+
+def test_an_infinite_derivative_of_a_one_element_y_is_the_identity_forms(mode):
+    x = tf.constant(0.0)
+    identity_form = lambda x: custom_gradient(tf.sqrt(x), 0.5 / tf.sqrt(x), x)  # noqa: E731
+    for upstream in (tf.constant(1.0), tf.constant(0.0)):
+        ours = in_mode(lambda x, w: vjp(root, x, w), mode)(x, upstream)
+        np.testing.assert_array_equal(ours, vjp(identity_form, x, upstream))
+    assert in_mode(lambda x: vjp(root, x), mode)(x).numpy() == np.inf
+    assert vjp(tf.custom_gradient(root.undecorated), x).numpy() == np.inf
+    assert in_mode(lambda x: jvp(root, x, tf.constant(1.0)), mode)(x).numpy() == np.inf
+
+
+def test_an_infinite_derivative_inside_a_y_of_several_elements_is_nan_the_stated_limit():
+    """J·v puts v = 0 through grad_fn's own ops: inf·0 is NaN, and no op maps a NaN value to 0 and keeps a slope.
+    The element becomes NaN, never a finite wrong number; its neighbours are exact."""
+    grad = vjp(root, tf.constant([0.0, 4.0]))
+    assert np.isnan(grad.numpy()[0]) and grad.numpy()[1] == 0.25
+
+
+def numpy_adjoint(dy, x):
+    return (np.asarray(dy) * 3.0 * np.asarray(x) ** 2).astype(np.float32)
+
+
+def opaque_cube(reduce):
+    @custom_gradient
+    def cube(x):
+        y = tf.reduce_sum(x**3) if reduce else x**3
+        return y, lambda dy: tf.numpy_function(numpy_adjoint, [dy, x], tf.float32, stateful=False)
+
+    return cube
+
+
+def prevented_cube(reduce):
+    @custom_gradient
+    def cube(x):
+        y = tf.reduce_sum(x**3) if reduce else x**3
+        message = "Second derivative is not implemented."  # TFP's words for its samplers
+        return y, lambda dy: tf.raw_ops.PreventGradient(input=dy * 3.0 * x**2, message=message)
+
+    return cube
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])  # tf.numpy_function cannot be compiled by XLA
+@pytest.mark.parametrize("make", [opaque_cube, prevented_cube], ids=["numpy_function", "PreventGradient"])
+def test_opaque_grad_fns_work_for_a_one_element_y(make, mode):
+    x = tf.constant([1.0, 2.0])
+    np.testing.assert_array_equal(in_mode(lambda x: vjp(make(True), x), mode)(x), [3.0, 12.0])
+    np.testing.assert_array_equal(in_mode(lambda x: jvp(make(True), x, tf.constant([1.0, 1.0])), mode)(x), 15.0)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("make", [opaque_cube, prevented_cube], ids=["numpy_function", "PreventGradient"])
+def test_opaque_grad_fns_of_a_larger_y_are_refused_naming_the_way_out(make, mode):
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match=r"give y one element, or .*identity form"):
+        in_mode(lambda x: vjp(make(False), x), mode)(tf.constant([1.0, 2.0]))
 
 
 def test_grad_fn_nonzero_at_zero_is_refused():
@@ -734,3 +887,63 @@ def test_integer_gradient_is_a_value_error():
 def test_order_must_be_one_or_two():
     with pytest.raises(ValueError, match="order must be 1 or 2"):
         custom_gradient(order=3)(lambda x: (x, lambda dy: dy))
+
+
+# ---------------------------------------------------------------- stated limits of any stop-gradient identity
+
+
+def test_a_gradient_used_as_a_side_channel_for_a_variable_is_refused_clearly():
+    """Keras float8's pattern: the 'gradient' of an amax history is its next value, not linear in the upstream."""
+    history = tf.Variable([1.0, 3.0])
+
+    @custom_gradient
+    def quantized(x):
+        def grad(dy, variables=None):
+            return dy, [tf.concat([history[1:], [tf.reduce_max(tf.abs(dy))]], 0)]
+
+        history.read_value()
+        return x, grad
+
+    x = tf.constant([1.0, -2.0])
+    with tf.GradientTape() as tape, pytest.raises(ValueError, match=r"grad_fn\(0\) is not zero for Variable"):
+        tape.watch(x)
+        quantized(x)
+
+
+def test_grad_fns_side_effects_happen_when_f_is_called():
+    """grad_fn runs in the forward pass, with upstream 0 (and 1 for a y of one element), never in the backward."""
+    upstreams = []
+
+    @custom_gradient
+    def logged(x):
+        def grad(dy):
+            upstreams.append(dy.numpy().tolist())
+            return 2.0 * dy
+
+        return 2.0 * x, grad
+
+    x = tf.constant([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = logged(x)
+    assert upstreams == [[0.0, 0.0]]  # at the call, before any gradient is asked for
+    np.testing.assert_array_equal(tape.gradient(y, x, output_gradients=tf.constant([3.0, 4.0])), [6.0, 8.0])
+    assert upstreams == [[0.0, 0.0]]  # tape.gradient does not call grad_fn
+    upstreams.clear()
+    logged(x)  # nothing records: the value alone, no grad_fn call
+    assert upstreams == []
+
+
+def test_a_grad_fn_that_refuses_differentiation_raises_when_f_is_called_under_a_tape():
+    @custom_gradient
+    def refused(x):
+        def grad(dy):
+            raise NotImplementedError("refused: no gradient for this op")
+
+        return 2.0 * x, grad
+
+    x = tf.constant([1.0, 2.0])
+    np.testing.assert_array_equal(refused(x), [2.0, 4.0])  # no tape: f's value, grad_fn untouched
+    with tf.GradientTape() as tape, pytest.raises(NotImplementedError, match="refused"):
+        tape.watch(x)
+        refused(x)

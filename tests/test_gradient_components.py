@@ -1,0 +1,322 @@
+"""Every kind of argument and output the decorator carries, against tf.custom_gradient or the definition.
+
+Variables of every kind, RaggedTensor, SparseTensor and IndexedSlices get
+exactly grad_fn's gradient, never plain autodiff of f; what cannot be carried
+is a TypeError naming the argument.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+import tf_keras
+from helpers import MODES, in_mode
+
+from stopgrad_math import custom_gradient
+
+# ---------------------------------------------------------------- variables of every kind
+
+
+@custom_gradient
+def double_with_grad_five(w):
+    """Autodiff would give 2; the custom gradient is 5."""
+    return 2.0 * w, lambda dy: 5.0 * dy
+
+
+def gradient_through(fn, variable, source=None):
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(fn(variable))
+    return tape.gradient(y, source if source is not None else variable)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_keras_3_variable_argument_gets_the_custom_gradient(mode):
+    w = keras.Variable([3.0, -1.0])
+    np.testing.assert_array_equal(in_mode(lambda: gradient_through(double_with_grad_five, w), mode)(), [5.0, 5.0])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tf_keras_autocast_variable_argument_gets_the_custom_gradient(mode):
+    tf_keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        layer = tf_keras.layers.Dense(1)
+        layer.build((None, 2))
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")
+    kernel = layer.kernel
+    assert type(kernel).__name__ == "AutoCastVariable"
+    np.testing.assert_array_equal(in_mode(lambda: gradient_through(double_with_grad_five, kernel), mode)(), [[5.0]] * 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sharded_variable_argument_gets_the_custom_gradient_in_each_shard(mode):
+    shards = [tf.Variable([1.0, 2.0]), tf.Variable([3.0])]
+    sharded = tf.__internal__.distribute.ShardedVariable(shards)
+    grads = in_mode(lambda: gradient_through(double_with_grad_five, sharded, shards), mode)()
+    np.testing.assert_array_equal(grads[0], [5.0, 5.0])
+    np.testing.assert_array_equal(grads[1], [5.0])
+
+
+def test_a_mirrored_variable_argument_gets_the_custom_gradient_on_every_replica():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        w = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def step():
+        per_replica = strategy.run(lambda: gradient_through(double_with_grad_five, w))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    np.testing.assert_array_equal(step(), [10.0, 10.0])  # 5 from each of two replicas
+
+
+class Keras3Dense(keras.layers.Layer):
+    """A Keras 3 layer passing its own weight to a decorated matmul with a scaled gradient for the kernel."""
+
+    def __init__(self, decorator, grad_scale, **kwargs):
+        super().__init__(**kwargs)
+        self.decorator, self.grad_scale = decorator, grad_scale
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], 1), initializer="ones")
+
+    def call(self, x):
+        scale = self.grad_scale
+
+        @self.decorator
+        def matmul(x, k):
+            def grad(*args, upstream=None):
+                upstream = args[0] if upstream is None else upstream
+                return keras.ops.matmul(upstream, keras.ops.transpose(k)), scale * keras.ops.matmul(
+                    keras.ops.transpose(x), upstream
+                )
+
+            return keras.ops.matmul(x, k), grad
+
+        return matmul(x, self.kernel)
+
+
+def test_keras_3_model_fit_trains_the_weights_keras_ops_custom_gradient_trains():
+    x = np.random.default_rng(0).normal(size=(32, 3)).astype(np.float32)
+    y = x @ np.array([[1.0], [-2.0], [0.5]], np.float32)
+
+    def fitted(decorator):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), Keras3Dense(decorator, grad_scale=0.5)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        model.fit(x, y, epochs=5, batch_size=32, verbose=0)
+        return model.layers[0].kernel.numpy()
+
+    ours, anchor = fitted(custom_gradient), fitted(keras.ops.custom_gradient)
+    np.testing.assert_allclose(ours, anchor, rtol=1e-6)
+    assert not np.allclose(ours, fitted(lambda f: (lambda x, k: f(x, k)[0]))), "the scaled gradient must matter"
+
+
+# ---------------------------------------------------------------- composite tensors
+
+
+def make_square(decorator):
+    @decorator
+    def square(x):
+        return x * x, lambda dy: 2.0 * x * dy
+
+    return square
+
+
+def ragged_gradient(square, x):
+    with tf.GradientTape() as tape:
+        tape.watch(x.flat_values)
+        y = square(x)
+        loss = tf.reduce_sum(y.flat_values * tf.constant([1.0, 2.0, 3.0]))
+    return y.flat_values, tape.gradient(loss, x.flat_values)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ragged_argument_and_output_equal_tf_custom_gradient(mode):
+    x = tf.ragged.constant([[1.0, 2.0], [3.0]])
+    ours = in_mode(lambda v: ragged_gradient(make_square(custom_gradient), x.with_flat_values(v)), mode)(x.flat_values)
+    anchor = ragged_gradient(make_square(tf.custom_gradient), x)
+    for a, b in zip(ours, anchor, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(ours[1], [2.0, 8.0, 18.0])  # 2x times the weights
+
+
+def test_ragged_gradient_from_tape_is_ragged_as_in_tf():
+    x = tf.ragged.constant([[1.0, 2.0], [3.0]])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = make_square(custom_gradient)(x)
+    grad = tape.gradient(y, x)
+    assert isinstance(grad, tf.RaggedTensor)
+    assert grad.to_list() == [[2.0, 4.0], [6.0]]
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])  # XLA has no kernels for sparse ops
+def test_sparse_argument_gets_the_custom_gradient_in_its_values(mode):
+    indices, dense_shape = tf.constant([[0, 0], [1, 1]], tf.int64), tf.constant([2, 2], tf.int64)
+
+    @custom_gradient
+    def total(s):
+        def grad(dy):  # 7 per stored value, where autodiff would give 2
+            return tf.SparseTensor(s.indices, 7.0 * dy * tf.ones_like(s.values), s.dense_shape)
+
+        return 2.0 * tf.sparse.reduce_sum(s), grad
+
+    def values_gradient(values):
+        with tf.GradientTape() as tape:
+            tape.watch(values)
+            y = total(tf.SparseTensor(indices, values, dense_shape))
+        return tape.gradient(y, values)
+
+    np.testing.assert_array_equal(in_mode(values_gradient, mode)(tf.constant([1.0, 3.0])), [7.0, 7.0])
+    with pytest.raises(ValueError, match="SparseTensor is not supported"):  # the anchor refuses sparse arguments
+        tf.custom_gradient(total.undecorated)(tf.SparseTensor(indices, tf.constant([1.0, 3.0]), dense_shape))
+
+
+# ---------------------------------------------------------------- what cannot be carried
+
+
+@pytest.mark.parametrize(
+    "argument, kind",
+    [
+        (tfp.distributions.Normal(0.0, 1.0), "Normal"),
+        (tf.TensorArray(tf.float32, size=1), "TensorArray"),
+        (object(), "object"),
+    ],
+)
+def test_an_argument_it_cannot_carry_is_a_type_error_naming_it(argument, kind):
+    @custom_gradient
+    def f(x, other):
+        return 2.0 * x, lambda dy: (2.0 * dy, None)
+
+    x = tf.constant(1.0)
+    with tf.GradientTape() as tape, pytest.raises(TypeError, match=rf"cannot carry args\[1\], a {kind}"):
+        tape.watch(x)
+        f(x, argument)
+    with tf.GradientTape() as tape, pytest.raises(TypeError, match=rf"cannot carry kwargs\[other\], a {kind}"):
+        tape.watch(x)
+        f(x, other=argument)
+
+
+def test_constants_of_every_kind_pass_through():
+    seen = {}
+
+    @custom_gradient
+    def f(x, *constants):
+        seen["constants"] = constants
+        return 2.0 * x, lambda dy: [2.0 * dy] + [None] * len(constants)
+
+    constants = (None, 3, 2.5, 1j, "text", b"bytes", np.ones(2), np.float32(1.0), tf.float32, tf.TensorShape([2]), len)
+    x = tf.constant(1.0)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = f(x, *constants)
+    assert tape.gradient(y, x).numpy() == 2.0
+    assert seen["constants"][:6] == constants[:6] and seen["constants"][-1] is len
+
+
+# ---------------------------------------------------------------- sparse gradients stay sparse
+
+
+def embedding_lookup(decorator):
+    @decorator
+    def lookup(table, ids):
+        rows = tf.gather(table, ids)
+
+        def grad(dy):
+            return tf.IndexedSlices(dy, ids, tf.shape(table, out_type=tf.int64)), None
+
+        return rows, grad
+
+    return lookup
+
+
+def table_gradient(lookup, table, ids, weights):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(lookup(table, ids) * weights)
+    return tape.gradient(loss, table)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_indexed_slices_gradient_stays_indexed_slices_as_with_tf_custom_gradient(mode):
+    table = tf.Variable(tf.reshape(tf.range(40.0), [10, 4]))
+    ids = tf.constant([3, 7, 3])  # a repeated row: its two slices both count
+    weights = tf.reshape(tf.range(12.0), [3, 4])
+    ours = in_mode(lambda: table_gradient(embedding_lookup(custom_gradient), table, ids, weights), mode)()
+    anchor = table_gradient(embedding_lookup(tf.custom_gradient), table, ids, weights)
+    assert isinstance(ours, tf.IndexedSlices) and isinstance(anchor, tf.IndexedSlices)
+    np.testing.assert_array_equal(tf.convert_to_tensor(ours), tf.convert_to_tensor(anchor))
+    np.testing.assert_array_equal(ours.indices, [3, 7, 3])
+
+
+def test_the_forward_pass_touches_only_the_gathered_rows():
+    """No op of the traced step makes a table-sized tensor but the read of the table itself."""
+    table = tf.Variable(tf.zeros([1000, 8]))
+
+    @tf.function
+    def step(ids):
+        return table_gradient(embedding_lookup(custom_gradient), table, ids, tf.ones([3, 8]))
+
+    graph = step.get_concrete_function(tf.TensorSpec([3], tf.int32)).graph
+    table_sized = [op.type for op in graph.get_operations() for out in op.outputs if out.shape == [1000, 8]]
+    assert sorted(table_sized) == ["ReadVariableOp", "StopGradient"], table_sized  # the read f gets, stopped
+
+
+# ---------------------------------------------------------------- integer and complex
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_integer_arguments_and_outputs_never_call_grad_fn(mode):
+    @custom_gradient
+    def square(x):
+        def grad(dy):
+            raise AssertionError("grad_fn must not be called: nothing here is differentiable")
+
+        return x * x, grad
+
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(tf.constant(1.0))
+            return square(x)
+
+    anchor = tf.custom_gradient(square.undecorated)(tf.constant([1, 2]))
+    np.testing.assert_array_equal(in_mode(run, mode)(tf.constant([1, 2])), anchor)
+    np.testing.assert_array_equal(anchor, [1, 4])
+
+
+def complex_derivatives(fn, z, upstream, tangent):
+    with tf.GradientTape() as tape:
+        tape.watch(z)
+        y = fn(z)
+    with tf.autodiff.ForwardAccumulator(z, tangent) as acc:
+        y2 = fn(z)
+    return y, tape.gradient(y, z, output_gradients=upstream), acc.jvp(y2)
+
+
+Z = tf.constant([1.0 + 2.0j, -0.5 + 0.25j, 3.0 - 1.0j], tf.complex128)
+COMPLEX = {  # name: (decorated, formula, upstream): grad_fn in TF's convention, conj(f')·dy
+    "elementwise exp": (
+        custom_gradient(lambda z: (tf.exp(z), lambda dy: dy * tf.math.conj(tf.exp(z)))), tf.exp,
+        tf.constant([0.5 - 1j, 2.0, -1.0 + 3j], tf.complex128),
+    ),
+    "one element: sum(z·z)": (
+        custom_gradient(lambda z: (tf.reduce_sum(z * z), lambda dy: dy * tf.math.conj(2 * z))),
+        lambda z: tf.reduce_sum(z * z), tf.constant(1.5 - 0.5j, tf.complex128),
+    ),
+    "real y of complex z: |z|²": (
+        custom_gradient(lambda z: (tf.math.real(z * tf.math.conj(z)), lambda dy: tf.cast(dy, z.dtype) * 2 * z)),
+        lambda z: tf.math.real(z * tf.math.conj(z)), tf.constant([1.0, -2.0, 0.5], tf.float64),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", sorted(COMPLEX))
+def test_complex_arguments_and_outputs_follow_tfs_convention(name, mode):
+    ours, formula, upstream = COMPLEX[name]
+    tangent = tf.constant([1.0 - 1j, 0.5j, 2.0], tf.complex128)
+    got = in_mode(lambda z, w, t: complex_derivatives(ours, z, w, t), mode)(Z, upstream, tangent)
+    want = complex_derivatives(formula, Z, upstream, tangent)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-13)
