@@ -52,9 +52,12 @@ def _keras_log1pexp(x):
     return tf.math.softplus(x), grad
 
 
+ORDER_2 = "stopgrad_math decorator, order=2"
+
 _LOG1PEXP_IMPLEMENTATIONS = {
     "stopgrad_math identity": lambda x: sgm.custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x),
     "stopgrad_math decorator": _sgm_log1pexp,
+    ORDER_2: sgm.custom_gradient(order=2)(_sgm_log1pexp.undecorated),
     ANCHOR: _tf_log1pexp,
     "tfp.math.custom_gradient": lambda x: tfp.math.custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x),
     "keras ops.custom_gradient": _keras_log1pexp,
@@ -99,6 +102,7 @@ def _keras_matmul(x):
 
 _MATMUL_IMPLEMENTATIONS = {
     "stopgrad_math decorator": _sgm_matmul,
+    ORDER_2: sgm.custom_gradient(order=2)(_sgm_matmul.undecorated),
     ANCHOR: _tf_matmul,
     "keras ops.custom_gradient": _keras_matmul,
     "plain autodiff (floor)": lambda x: tf.matmul(x, _W),
@@ -167,4 +171,49 @@ LOGLIK = Case(
     lambda n: 2 * 4 * n,  # read features and labels
 )
 
-CASES = (LOG1PEXP, MATMUL, LOGLIK)
+# ---------------------------------------------------------------- an embedding table with a sparse gradient
+
+TABLE_ROWS, TABLE_WIDTH = 10**6, 64
+_TABLES: dict[tuple[int, int], tf.Variable] = {}
+
+
+def table(rows: int = TABLE_ROWS) -> tf.Variable:
+    """The embedding table, made once per size (256 MiB at 1e6 rows)."""
+    if (rows, TABLE_WIDTH) not in _TABLES:
+        _TABLES[(rows, TABLE_WIDTH)] = tf.Variable(tf.random.stateless_normal([rows, TABLE_WIDTH], [2, 3]))
+    return _TABLES[(rows, TABLE_WIDTH)]
+
+
+def _embedding_implementations(ids: tf.Tensor) -> Implementations:
+    """Rows of the table for fixed ids, as a function of the table; grad_fn gives tf.IndexedSlices."""
+
+    def lookup(table):
+        rows = tf.gather(table, ids)
+
+        def grad(*args, upstream=None):
+            upstream = args[0] if upstream is None else upstream
+            return tf.IndexedSlices(upstream, ids, tf.shape(table, out_type=tf.int64))
+
+        return rows, grad
+
+    return {
+        "stopgrad_math decorator": sgm.custom_gradient(lookup),
+        ANCHOR: tf.custom_gradient(lookup),
+        "keras ops.custom_gradient": keras.ops.custom_gradient(lookup),
+        "plain autodiff (floor)": lambda table: tf.gather(table, ids),
+    }
+
+
+def embedding_setup(n: int, rows: int = TABLE_ROWS) -> tuple[Implementations, tf.Variable]:
+    ids = tf.constant(np.random.default_rng(4).integers(0, rows, n), tf.int32)
+    return _embedding_implementations(ids), table(rows)
+
+
+EMBEDDING = Case(
+    "embedding",
+    f"rows of a {TABLE_ROWS:g}x{TABLE_WIDTH} float32 table for n ids, gradient tf.IndexedSlices (sparse)",
+    embedding_setup,
+    lambda n: 3 * 4 * TABLE_WIDTH * n,  # read the rows, write them and their gradient
+)
+
+CASES = (LOG1PEXP, MATMUL, LOGLIK, EMBEDDING)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import pathlib
 
-from cases import ANCHOR
+from cases import ANCHOR, ORDER_2
 
 IDENTITY, DECORATOR, TFP, PLAIN = (
     "stopgrad_math identity", "stopgrad_math decorator", "tfp.math.custom_gradient", "plain autodiff (floor)")
@@ -79,6 +79,11 @@ def _targets(rows, index, cases, bandwidth) -> list[str]:
     idle = [f"{r['case']} n={r['n']:g}: {r['forward'] / r['undecorated_forward']:.3f}×" for r in eager
             if r["forward"] > 1.05 * r["undecorated_forward"]]
     lines += _check("Decorator in eager within 1.05× of the undecorated f with nothing watching", idle, len(eager))
+    second = [(r, index[(r["case"], r["n"], DECORATOR, r["mode"])]) for r in rows if r["implementation"] == ORDER_2]
+    costly = [f"{r['case']} n={r['n']:g} {r['mode']}: {r['value+grad'] / first['value+grad']:.2f}×"
+              for r, first in second if r["value+grad"] > 1.05 * first["value+grad"]]
+    lines += _check("order=2 within 1.05× of order=1 (value + gradient), the bar for making it the default",
+                    costly, len(second))
     lines += ["", "Forward-only cost that the identity form adds in graph mode (forward time / plain softplus):", ""]
     lines += ["| n | function | xla |", "|---|---|---|"]
     for n in sorted({r["n"] for r in rows if r["case"] == "log1pexp"}):

@@ -34,10 +34,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record
 
-from stopgrad_math import grad_fn_conventions, identity, linearity
+from stopgrad_math import grad_fn_conventions, gradient_components, identity, linearity
 from stopgrad_math.grad_fn_conventions import Gradient
 from stopgrad_math.gradient_components import Component, Flattened
-from stopgrad_math.gradient_components import of as component_of
 
 _NUMBERS = (bool, int, float, complex, np.ndarray, np.generic)
 
@@ -58,16 +57,14 @@ def _positional(f: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return bound.args, bound.kwargs
 
 
+def _stopped(flat: Flattened) -> Any:
+    """The structure with every differentiable component stopped."""
+    return flat.with_tensors({i: tf.stop_gradient(flat.components[i].tensor) for i in flat.differentiable})
+
+
 def _constants(kwargs: dict) -> dict:
     """The keyword arguments with every tensor and variable in them stopped: they are constants."""
-    if not kwargs:  # the common case, without nest's cost
-        return kwargs
-    flat = Flattened.of(kwargs, "kwargs")
-    return flat.with_tensors({i: tf.stop_gradient(flat.components[i].tensor) for i in flat.differentiable})
-
-
-def _stopped(flat: Flattened) -> Any:
-    return flat.with_tensors({i: tf.stop_gradient(flat.components[i].tensor) for i in flat.differentiable})
+    return _stopped(Flattened.of(kwargs, "kwargs")) if kwargs else kwargs  # the common {} without nest's cost
 
 
 @dataclasses.dataclass
@@ -116,13 +113,12 @@ def _evaluate(f: Callable, args: tuple, kwargs: dict, order: int) -> _Plan:
     with record.VariableWatcher() as watcher:
         y, grad_fn = _call_f(f, tuple(arguments.with_tensors(at)), kwargs)
     watched = watcher.watched_variables()
-    if order == 2:  # f ran once, at the midpoint: its value must not move with it
-        outputs = _outputs(y)
-        y = _stopped(outputs) if not watched else _call_f(f, tuple(_stopped(arguments)), kwargs)[0]
     outputs = _outputs(y)
+    if order == 2:  # f ran at the midpoint; its value must not move with it, but must with variables it reads
+        outputs = _outputs(_stopped(outputs) if not watched else _call_f(f, tuple(_stopped(arguments)), kwargs)[0])
     variables = []
     if watched and grad_fn_conventions.signature(grad_fn).takes_variables:
-        variables = [component_of(v.name, v) for v in watched]
+        variables = [gradient_components.of(v.name, v) for v in watched]
         outputs = _outputs(_stopped(outputs))  # grad_fn gives the variables' gradients: cut autodiff's path to them
     return _Plan(outputs, grad_fn, arguments, variables)
 
@@ -194,7 +190,7 @@ def _embed_one_element(plan: _Plan, index: int) -> Any:
     return plan.with_terms({index: _scalar_terms(gradients, y.dtype, conjugate=y.dtype.is_complex)})
 
 
-def _jacobian_times_zeros(plan: _Plan, check_linearity: bool) -> dict[int, list[tf.Tensor]]:
+def _jacobian_times_zeros(plan: _Plan) -> dict[int, list[tf.Tensor]]:
     """The zero term of each output component: J·v, the derivative of ⟨grad_fn(d), v⟩ w.r.t. d at d = 0."""
     zero_upstreams = {i: tf.zeros_like(plan.outputs.components[i].tensor) for i in plan.outputs.differentiable}
     upstreams = {i: plan.outputs.components[i].rebuild(d) for i, d in zero_upstreams.items()}
@@ -207,10 +203,6 @@ def _jacobian_times_zeros(plan: _Plan, check_linearity: bool) -> dict[int, list[
     linearity.check_at_zero([g.values for g in gradients], [g.name for g in gradients])
     connected = [g for g, r in zip(gradients, reached, strict=True) if r]
     zero = _unreached(plan, gradients, reached)
-    if check_linearity:
-        rebuild = {i: plan.outputs.components[i].rebuild for i in zero_upstreams}
-        call = lambda ups: [g.values for g in plan.gradients({i: rebuild[i](d) for i, d in ups.items()})]  # noqa: E731
-        linearity.check_superposition(call, zero_upstreams)
     terms = {i: [] for i in zero_upstreams}
     if connected:
         products = _transposed(inner, connected, watched)
@@ -242,10 +234,20 @@ def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: 
     plan = _evaluate(f, args, kwargs, order)
     if not plan.outputs.differentiable or not (plan.arguments.differentiable or plan.variables):
         return plan.outputs.structure  # nothing to differentiate: no grad_fn call, as tf.custom_gradient
+    if check_linearity:
+        _check_superposition(plan)
     index = _one_element_output(plan)
-    if index is not None and not check_linearity and _real_or_all_complex(plan, index):
+    if index is not None and _real_or_all_complex(plan, index):
         return _embed_one_element(plan, index)
-    return plan.with_terms(_jacobian_times_zeros(plan, check_linearity))
+    return plan.with_terms(_jacobian_times_zeros(plan))
+
+
+def _check_superposition(plan: _Plan) -> None:
+    """check_linearity=True: grad_fn on random upstreams, which needs no tape (opaque grad_fns too)."""
+    outputs = plan.outputs.components
+    shapes = {i: tf.zeros_like(outputs[i].tensor) for i in plan.outputs.differentiable}
+    call = lambda ups: [g.values for g in plan.gradients({i: outputs[i].rebuild(d) for i, d in ups.items()})]  # noqa: E731
+    linearity.check_superposition(call, shapes)
 
 
 def _real_or_all_complex(plan: _Plan, index: int) -> bool:

@@ -83,41 +83,58 @@ def custom_gradient(
     gradients to the gradients of the args (a vector-Jacobian product). The
     result has the value y bit for bit and the Jacobian J that grad_fn is the
     transpose of, embedded as a linear map, so it is exact for any function
-    (matmuls, reductions, several outputs), in reverse and forward mode:
+    (matmuls, reductions, several outputs), in reverse and forward mode.
+    Second derivatives through it need ``order=2`` (with the default
+    ``order=1`` they are None, unconnected).
 
         h = y − (J·v − stop(J·v)),  v = stop(x) − x,  J·v = ∂/∂d ⟨grad_fn(d), v⟩ at d = 0
+
+    Where y has one element (a loss, a log-likelihood), J is grad_fn(1) and
+    the identity form embeds it: no transpose, so a grad_fn that TensorFlow
+    cannot differentiate (tf.numpy_function, PreventGradient) and infinite
+    derivatives work there.
 
     * grad_fn may be written ``grad(upstream)``, ``grad(*upstreams)`` (TF),
       ``grad(upstream)`` taking y's structure (JAX), ``grad(*args,
       upstream=None)`` or ``grad(*args, upstream)`` (keras, torch), and
       ``grad(*upstreams, variables=None)`` returning ``(grads, grad_vars)``.
-      It returns a tensor, a list or tuple (one per argument, or per floating
-      tensor leaf of the arguments), None meaning "no gradient".
+      It returns a gradient per argument, in the arguments' structure (a
+      dict for a dict, matched by key), or a flat list in tf.nest's order
+      (dict keys sorted), one per leaf or per differentiable leaf; None means
+      "no gradient". A gradient may be tf.IndexedSlices, and stays sparse:
+      J·v is formed on the gathered rows alone.
+    * Arguments and outputs may be floating or complex tensors, variables of
+      any kind (tf.Variable, keras.Variable, mirrored, AutoCast, sharded),
+      tf.RaggedTensor (its flat_values carry the gradient), tf.SparseTensor
+      and tf.IndexedSlices (their values), in nested lists, tuples and dicts.
+      Python numbers, strings, None, NumPy arrays, integer tensors and
+      callables are passed through as constants; any other type raises
+      TypeError naming the argument. With nothing differentiable in the
+      arguments or in y, y is returned and grad_fn is not called.
     * f is evaluated at stop(x): variables read inside f keep their ordinary
       autodiff gradient, unless grad_fn takes ``variables``, which then gives
-      them. Nothing is registered in a global gradient registry.
-    * Positional args may be nested structures; floating tensors among them
-      get gradients, anything else (Python numbers, None, strings, integer
-      tensors) is passed through. Keyword arguments are constants, except
-      when every argument is a keyword: then those naming positional
-      parameters are bound to them.
+      them. Keyword arguments are constants, except when every argument is a
+      keyword: then those naming positional parameters are bound to them.
+      Nothing is registered in a global gradient registry.
     * **Linearity.** Any stop-gradient identity makes the backward pass
-      linear in the upstream gradient: a grad_fn that is not (gradient
-      clipping, normalization) cannot be expressed, and J·v would be its
-      linearization at zero. A grad_fn whose result does not depend on the
-      upstream, or with grad_fn(0) ≠ 0 where that is known while tracing
-      (always in eager), raises ValueError; ``check_linearity=True`` also
-      compares grad_fn(a·d1 + d2) with a·grad_fn(d1) + grad_fn(d2).
-    * **Higher order.** ``order=1`` (default): the custom derivative is
-      constant in x, so a second derivative through it is None
-      (unconnected). tf.custom_gradient instead differentiates grad_fn's ops,
-      which is not the second derivative of f either. ``order=2`` evaluates
-      J at the midpoint stop(x) + u/2 (equal to x in value) of the integral
-      form h = stop(y) + ∫₀¹ J(stop(x) + t·u)·u dt, which makes second
+      linear in the upstream gradient, and calls grad_fn when f is called
+      (with upstream 0, and 1 for a one-element y), not in the backward pass.
+      A grad_fn that clips or normalizes cannot be expressed: its
+      linearization would be embedded. grad_fn(0) ≠ 0 where that is known
+      while tracing (always in eager) raises ValueError, as does a result
+      that does not depend on the upstream and is not zero (the zero map,
+      J = 0, is accepted); ``check_linearity=True`` also compares
+      grad_fn(a·d1 + d2) with a·grad_fn(d1) + grad_fn(d2).
+    * **Higher order.** ``order=2`` evaluates J at the midpoint
+      stop(x) + u/2 (equal to x in value) of the integral form
+      h = stop(y) + ∫₀¹ J(stop(x) + t·u)·u dt, which makes second
       derivatives (Hessians, Hessian-vector products, forward-over-reverse)
-      exact when grad_fn is built from differentiable ops. It calls f twice,
-      and the first derivative turns NaN where grad_fn's own derivative
-      overflows (log1pexp's 1 − 1/(1 + exp(x)) at x = 100).
+      exact when grad_fn is built from differentiable ops. It calls f once
+      (twice when f reads variables), and the first derivative turns NaN
+      where grad_fn's own derivative is not finite (log1pexp's
+      1 − 1/(1 + exp(x)) at x = 100), which is why it is not the default.
+      tf.custom_gradient differentiates grad_fn's ops instead, which is not
+      the second derivative of f either.
     * In eager mode with no tape or accumulator active, f's y is returned
       as it is.
 

@@ -159,7 +159,7 @@ def checked(component: Component, gradient: Any) -> Gradient:
 def _check(values: tf.Tensor, component: Component, rows: bool) -> tf.Tensor:
     """values, checked to be the gradient (or, with ``rows``, gathered rows of it) of the component."""
     target, name = component.tensor, component.name
-    if not identity.is_inexact(values.dtype) or (values.dtype.is_complex and not target.dtype.is_complex):
+    if not identity.is_inexact(values.dtype) or values.dtype.is_complex != target.dtype.is_complex:
         raise ValueError(f"grad_fn returned a {values.dtype.name} gradient for {name}, a {target.dtype.name}.")
     compared = (values.shape[1:], target.shape[1:]) if rows else (values.shape, target.shape)
     if not compared[0].is_compatible_with(compared[1]):

@@ -320,3 +320,28 @@ def test_complex_arguments_and_outputs_follow_tfs_convention(name, mode):
     want = complex_derivatives(formula, Z, upstream, tangent)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-13)
+
+
+# ---------------------------------------------------------------- the anchor's behaviour, as the README states it
+
+
+def test_tf_custom_gradient_refuses_a_keras_3_variable_argument_in_eager():
+    with pytest.raises(TypeError, match="must accept keyword argument 'variables'"):
+        gradient_through(tf.custom_gradient(double_with_grad_five.undecorated), keras.Variable(3.0))
+
+
+@pytest.mark.parametrize("make", ["numpy_function", "PreventGradient"])
+def test_tf_custom_gradient_runs_opaque_grad_fns_in_the_backward_pass(make):
+    def cube(x):
+        def grad(dy):
+            if make == "numpy_function":
+                return tf.numpy_function(lambda d, x: (3 * d * x**2).astype(np.float32), [dy, x], tf.float32)
+            return tf.raw_ops.PreventGradient(input=3 * dy * x**2, message="no second derivative")
+
+        return x**3, grad
+
+    x = tf.constant([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.custom_gradient(cube)(x)
+    np.testing.assert_array_equal(tape.gradient(y, x), [3.0, 12.0])
