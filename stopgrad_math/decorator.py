@@ -255,7 +255,7 @@ def _real_or_all_complex(plan: _Plan, index: int) -> bool:
     if plan.outputs.components[index].tensor.dtype.is_complex:
         return True
     components = [plan.arguments.components[i] for i in plan.arguments.differentiable] + plan.variables
-    return not any(c.tensor.dtype.is_complex for c in components)
+    return not any(c.dtype.is_complex for c in components)
 
 
 def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Callable:

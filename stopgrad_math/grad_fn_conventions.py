@@ -158,14 +158,14 @@ def checked(component: Component, gradient: Any) -> Gradient:
 
 def _check(values: tf.Tensor, component: Component, rows: bool) -> tf.Tensor:
     """values, checked to be the gradient (or, with ``rows``, gathered rows of it) of the component."""
-    target, name = component.tensor, component.name
-    if not identity.is_inexact(values.dtype) or values.dtype.is_complex != target.dtype.is_complex:
-        raise ValueError(f"grad_fn returned a {values.dtype.name} gradient for {name}, a {target.dtype.name}.")
-    compared = (values.shape[1:], target.shape[1:]) if rows else (values.shape, target.shape)
+    dtype, shape, name = component.dtype, component.shape, component.name
+    if not identity.is_inexact(values.dtype) or values.dtype.is_complex != dtype.is_complex:
+        raise ValueError(f"grad_fn returned a {values.dtype.name} gradient for {name}, a {dtype.name}.")
+    compared = (values.shape[1:], shape[1:]) if rows else (values.shape, shape)
     if not compared[0].is_compatible_with(compared[1]):
-        raise ValueError(f"grad_fn returned a gradient of shape {values.shape} for {name} of shape {target.shape}.")
-    if rows or (values.shape.is_fully_defined() and target.shape.is_fully_defined()):
+        raise ValueError(f"grad_fn returned a gradient of shape {values.shape} for {name} of shape {shape}.")
+    if rows or (values.shape.is_fully_defined() and shape.is_fully_defined()):
         return values
-    shapes = tf.shape(values), tf.shape(target)
+    shapes = tf.shape(values), tf.shape(component.tensor)
     message = ["grad_fn returned a gradient of shape", shapes[0], f"for {name} of shape", shapes[1]]
     return shape_checks.require(shape_checks.same_shape(*shapes), values, message)

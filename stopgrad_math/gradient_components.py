@@ -20,6 +20,7 @@ without saying so.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -33,18 +34,33 @@ _CONSTANTS = (type(None), bool, int, float, complex, str, bytes, np.ndarray, np.
 _COMPOSITES = (tf.RaggedTensor, tf.SparseTensor, tf.IndexedSlices)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Component:
     """One value's gradient component, and how to put a replacement for it back."""
 
     name: str
     value: Any  # as the caller passed it
-    tensor: tf.Tensor | None  # the tensor that carries the gradient; None for a constant
-    rebuild: Callable[[tf.Tensor], Any]  # value with tensor replaced
+    read: Callable[[], tf.Tensor] | None  # the tensor that carries the gradient; None for a constant
+    rebuild: Callable[[tf.Tensor], Any]  # value with that tensor replaced
+
+    @functools.cached_property
+    def tensor(self) -> tf.Tensor | None:
+        """The component, read when first needed: a variable whose gradient is sparse is only ever gathered."""
+        return None if self.read is None else self.read()
+
+    @property
+    def dtype(self) -> tf.DType | None:
+        if self.read is None:
+            return None
+        return tf.as_dtype(self.value.dtype) if _is_variable(self.value) else self.tensor.dtype
+
+    @property
+    def shape(self) -> tf.TensorShape:
+        return tf.TensorShape(self.value.shape) if _is_variable(self.value) else self.tensor.shape
 
     @property
     def differentiable(self) -> bool:
-        return self.tensor is not None and identity.is_inexact(self.tensor.dtype)
+        return self.dtype is not None and identity.is_inexact(self.dtype)
 
     @property
     def gathers(self) -> Any:
@@ -62,17 +78,16 @@ def _is_variable(value: Any) -> bool:
 def of(name: str, value: Any) -> Component:
     """The gradient component of one leaf of f's arguments or outputs; TypeError for what cannot be carried."""
     if isinstance(value, tf.Tensor):
-        return Component(name, value, value, lambda t: t)
+        return Component(name, value, lambda: value, lambda t: t)
     if isinstance(value, tf.RaggedTensor):
-        return Component(f"{name}.flat_values", value, value.flat_values, value.with_flat_values)
+        return Component(f"{name}.flat_values", value, lambda: value.flat_values, value.with_flat_values)
     if isinstance(value, tf.SparseTensor):
-        return Component(f"{name}.values", value, value.values, value.with_values)
+        return Component(f"{name}.values", value, lambda: value.values, value.with_values)
     if isinstance(value, tf.IndexedSlices):
         rebuild = lambda t: tf.IndexedSlices(t, value.indices, value.dense_shape)  # noqa: E731
-        return Component(f"{name}.values", value, value.values, rebuild)
+        return Component(f"{name}.values", value, lambda: value.values, rebuild)
     if _is_variable(value):
-        read = tf.convert_to_tensor(value)
-        return Component(name, value, read, lambda t: t)
+        return Component(name, value, lambda: tf.convert_to_tensor(value), lambda t: t)
     if isinstance(value, _CONSTANTS) or callable(value):
         return Component(name, value, None, lambda t: value)
     raise TypeError(
@@ -106,7 +121,7 @@ def gradient_tensor(gradient: Any, component: Component) -> tf.Tensor | tf.Index
             kinds = type(gradient).__name__, type(component.value).__name__
             raise ValueError(f"grad_fn returned a {kinds[0]} for {component.name}, a {kinds[1]}.")
         return of(component.name, gradient).tensor
-    return tf.convert_to_tensor(gradient, dtype_hint=component.tensor.dtype)
+    return tf.convert_to_tensor(gradient, dtype_hint=component.dtype)
 
 
 @dataclasses.dataclass

@@ -263,6 +263,41 @@ def test_the_forward_pass_touches_only_the_gathered_rows():
     assert sorted(table_sized) == ["ReadVariableOp", "StopGradient"], table_sized  # the read f gets, stopped
 
 
+def closed_over_lookup(decorator, table):
+    @decorator
+    def lookup(ids):
+        rows = tf.gather(table, ids)
+
+        def grad(dy, variables=None):
+            return None, [tf.IndexedSlices(dy, ids, tf.shape(table, out_type=tf.int64))]
+
+        return rows, grad
+
+    return lookup
+
+
+def test_a_table_closed_over_with_a_sparse_variables_gradient_is_never_read_whole():
+    """A variable passed as an argument is read once, as tf.custom_gradient reads it (TF copies a variable on
+    each read once sparse ops have touched it); one that f closes over, with its gradient from `variables`, is
+    only ever gathered."""
+    table = tf.Variable(tf.reshape(tf.range(8000.0), [1000, 8]))
+
+    def step(decorator, ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(closed_over_lookup(decorator, table)(ids) * tf.range(8.0))
+        return tape.gradient(loss, table)
+
+    traced = tf.function(lambda ids: step(custom_gradient, ids))
+    graph = traced.get_concrete_function(tf.TensorSpec([3], tf.int32)).graph
+    # grad_fn's tf.shape(table) leaves a read that nothing consumes, which the graph never runs.
+    used = [op.type for op in graph.get_operations() for t in op.outputs if t.shape == [1000, 8] and t.consumers()]
+    assert not used, used
+    ids = tf.constant([5, 999, 5])
+    ours, anchor = traced(ids), step(tf.custom_gradient, ids)
+    assert isinstance(ours, tf.IndexedSlices)
+    np.testing.assert_array_equal(tf.convert_to_tensor(ours), tf.convert_to_tensor(anchor))
+
+
 # ---------------------------------------------------------------- integer and complex
 
 
