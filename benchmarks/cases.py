@@ -184,8 +184,16 @@ def table(rows: int = TABLE_ROWS) -> tf.Variable:
     return _TABLES[(rows, TABLE_WIDTH)]
 
 
-def _embedding_implementations(ids: tf.Tensor) -> Implementations:
-    """Rows of the table for fixed ids, as a function of the table; grad_fn gives tf.IndexedSlices."""
+CLOSED_OVER = ", table closed over"
+
+
+def _embedding_implementations(ids: tf.Tensor, closed_over: tf.Variable) -> Implementations:
+    """Rows of the table for fixed ids, as a function of the table; grad_fn gives tf.IndexedSlices.
+
+    Passed as an argument, the table is read whole (as tf.custom_gradient reads it; TF copies a variable
+    on each read once sparse ops have touched it). Closed over, with its gradient from `variables`, it is
+    only gathered.
+    """
 
     def lookup(table):
         rows = tf.gather(table, ids)
@@ -196,9 +204,20 @@ def _embedding_implementations(ids: tf.Tensor) -> Implementations:
 
         return rows, grad
 
+    def lookup_closed_over(ids):
+        rows = tf.gather(closed_over, ids)
+
+        def grad(dy, variables=None):
+            return None, [tf.IndexedSlices(dy, ids, tf.shape(closed_over, out_type=tf.int64))]
+
+        return rows, grad
+
+    ours_closed, anchor_closed = sgm.custom_gradient(lookup_closed_over), tf.custom_gradient(lookup_closed_over)
     return {
         "stopgrad_math decorator": sgm.custom_gradient(lookup),
+        "stopgrad_math decorator" + CLOSED_OVER: lambda table: ours_closed(ids),
         ANCHOR: tf.custom_gradient(lookup),
+        ANCHOR + CLOSED_OVER: lambda table: anchor_closed(ids),
         "keras ops.custom_gradient": keras.ops.custom_gradient(lookup),
         "plain autodiff (floor)": lambda table: tf.gather(table, ids),
     }
@@ -206,7 +225,7 @@ def _embedding_implementations(ids: tf.Tensor) -> Implementations:
 
 def embedding_setup(n: int, rows: int = TABLE_ROWS) -> tuple[Implementations, tf.Variable]:
     ids = tf.constant(np.random.default_rng(4).integers(0, rows, n), tf.int32)
-    return _embedding_implementations(ids), table(rows)
+    return _embedding_implementations(ids, table(rows)), table(rows)
 
 
 EMBEDDING = Case(
