@@ -204,11 +204,13 @@ def _embedding_implementations(ids: tf.Tensor, closed_over: tf.Variable) -> Impl
 
         return rows, grad
 
+    dense_shape = tf.constant(closed_over.shape.as_list(), tf.int64)  # tf.shape of a variable reads it in eager
+
     def lookup_closed_over(ids):
         rows = tf.gather(closed_over, ids)
 
         def grad(dy, variables=None):
-            return None, [tf.IndexedSlices(dy, ids, tf.shape(closed_over, out_type=tf.int64))]
+            return None, [tf.IndexedSlices(dy, ids, dense_shape)]
 
         return rows, grad
 
