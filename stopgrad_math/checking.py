@@ -39,7 +39,8 @@ class GradientReport:
 
     @property
     def passed(self) -> bool:
-        return all(row.passed for row in self.rows)
+        """Every row passed, and something was checked: a report of nothing never passes."""
+        return sum(row.checked for row in self.rows) > 0 and all(row.passed for row in self.rows)
 
     @property
     def max_abs_error(self) -> float:
@@ -50,6 +51,8 @@ class GradientReport:
         return max((row.max_rel_error for row in self.rows), default=0.0)
 
     def __str__(self) -> str:
+        if not self.rows:
+            return "nothing was checked: fn has no floating argument"
         header = f"{'arg':>4} {'mode':>8} {'ok':>3} {'max abs err':>12} {'max rel err':>12} {'worst at':>10}"
         header += f" {'computed':>13} {'numeric':>13} {'checked':>8} {'skipped':>8} {'differences in':>14}"
         lines = [header]
@@ -144,7 +147,7 @@ def _compare(argument, mode, computed, numeric, tolerance, numeric_dtype, fn_not
     error = np.where(valid & ~np.isfinite(computed), np.inf, error)
     relative = error / np.maximum(np.abs(numeric), np.finfo(np.float64).tiny)
     bad = error > atol + rtol * np.abs(np.where(valid, numeric, 0.0))
-    if not valid.any():
+    if not valid.any():  # nothing to judge in this mode; the report passes only if something else was checked
         return ArgumentReport(argument, mode, True, 0.0, 0.0, None, np.nan, np.nan, 0, int(valid.size), numeric_dtype)
     worst = np.unravel_index(np.argmax(np.where(valid, error, -1.0)), error.shape)
     return ArgumentReport(
@@ -152,6 +155,33 @@ def _compare(argument, mode, computed, numeric, tolerance, numeric_dtype, fn_not
         tuple(int(i) for i in worst), float(computed[worst]), float(numeric[worst]),
         int(valid.sum()), int((~valid).sum()), numeric_dtype,
     )
+
+
+def _point(value: Any, index: int) -> Any:
+    """An argument as the point to check at: a floating tensor wherever the value is a floating one
+    (a Python float, a list of them, a NumPy array or scalar, a variable); anything else as it is."""
+    if isinstance(value, tf.Tensor) or not isinstance(value, _CONVERTIBLE):
+        tensor = value
+    else:
+        try:
+            tensor = tf.convert_to_tensor(value)
+        except (TypeError, ValueError):
+            return value
+    if isinstance(tensor, tf.Tensor) and tensor.dtype.is_complex:
+        raise TypeError(f"check_gradient compares real derivatives; argument {index} is {tensor.dtype.name}: "
+                        "check its real and imaginary parts as two real arguments.")
+    return tensor if isinstance(tensor, tf.Tensor) and is_floating(tensor.dtype) else value
+
+
+_CONVERTIBLE = (float, list, tuple, np.ndarray, np.floating, np.complexfloating, tf.Variable)
+
+
+def _check_options(step: Any, rtol: Any, atol: Any) -> None:
+    if not (isinstance(step, (int, float)) and np.isfinite(step) and step > 0):
+        raise ValueError(f"check_gradient's step must be a finite number above 0; got {step!r}.")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
+            raise ValueError(f"check_gradient's {name} must be a finite number of 0 or more; got {value!r}.")
 
 
 def check_gradient(
@@ -181,7 +211,12 @@ def check_gradient(
     derivative is NaN while some output is not finite at the point (0·NaN),
     are skipped and counted; any other non-finite computed derivative where
     the finite difference is finite fails. Integer and other non-floating
-    arguments are passed through unchanged.
+    arguments are passed through unchanged; a floating point given as a
+    Python float, a list, a NumPy array or scalar or a variable is checked
+    as a tensor. A report passes only when something was checked: with no
+    floating argument, or every element skipped, it fails.
+    ``step`` must be a finite number above 0 (ValueError otherwise); complex
+    arguments are refused (TypeError).
 
     Returns:
       A GradientReport: ``passed``, ``max_abs_error``, ``max_rel_error`` and,
@@ -195,7 +230,8 @@ def check_gradient(
     >>> check_gradient(log1pexp, tf.constant([-3.0, 0.0, 5.0])).passed
     True
     """
-    args = [tf.convert_to_tensor(a) if isinstance(a, (tf.Variable, np.ndarray, float)) else a for a in args]
+    _check_options(step, rtol, atol)
+    args = [_point(a, i) for i, a in enumerate(args)]
     floating = [i for i, a in enumerate(args) if isinstance(a, tf.Tensor) and is_floating(a.dtype)]
     weights, fn_not_finite = _output_weights(fn, args, seed)
     rows = []

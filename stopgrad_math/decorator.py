@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import numbers
 import re
 from collections.abc import Callable
 from typing import Any
@@ -41,11 +42,19 @@ from stopgrad_math.gradient_components import Component, Flattened
 _NUMBERS = (bool, int, float, complex, np.ndarray, np.generic)
 
 
+def unconverted_if_lambda(fn: Callable) -> Callable:
+    """fn, kept from AutoGraph if it is a lambda: its body is an expression, with no statement to convert,
+    and AutoGraph cannot find the source of a lambda beside another on a line (it warns, then runs it as is)."""
+    if tf.executing_eagerly() or getattr(fn, "__name__", "") != "<lambda>":  # AutoGraph acts only while tracing
+        return fn
+    return tf.autograph.experimental.do_not_convert(fn)
+
+
 def _call_f(f: Callable, args: tuple, kwargs: dict) -> tuple[Any, Callable]:
-    result = f(*args, **kwargs)
+    result = unconverted_if_lambda(f)(*args, **kwargs)
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
         raise TypeError(f"{getattr(f, '__name__', f)} must return a pair (y, grad_fn); got {type(result).__name__}.")
-    return result[0], result[1]
+    return result[0], unconverted_if_lambda(result[1])
 
 
 def _positional(f: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -258,6 +267,14 @@ def _real_or_all_complex(plan: _Plan, index: int) -> bool:
     return not any(c.dtype.is_complex for c in components)
 
 
+def check_options(order: Any, check_linearity: Any) -> None:
+    """The decorator's options, checked when they are given (not when the decorated function first runs)."""
+    if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order not in (1, 2):
+        raise ValueError(f"order must be 1 or 2; got {order!r}.")
+    if not isinstance(check_linearity, bool):
+        raise TypeError(f"check_linearity must be True or False; got {check_linearity!r}.")
+
+
 def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Callable:
     """Returns f with its grad_fn embedded as a linear map.
 
@@ -265,8 +282,7 @@ def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Call
     on the public entry point, ``stopgrad_math.custom_gradient``. The result
     keeps f's name and docstring; f itself is its ``undecorated`` attribute.
     """
-    if order not in (1, 2):
-        raise ValueError(f"order must be 1 or 2; got {order}.")
+    check_options(order, check_linearity)
 
     # A root name scope must start with a letter, digit or '.': '_f' and '<lambda>' would be refused.
     scope = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(f, "__name__", "")).lstrip("_") or "custom_gradient"
@@ -281,5 +297,7 @@ def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Call
     # autograph reads a function's source through __wrapped__ and would compile
     # f in place of this wrapper; the original stays reachable as `undecorated`.
     del embedded.__wrapped__
+    if embedded.__name__ == "<lambda>":  # AutoGraph would take the wrapper for a lambda, and not find it
+        embedded.__name__ = embedded.__qualname__ = "custom_gradient_of_lambda"
     embedded.undecorated = f
     return embedded

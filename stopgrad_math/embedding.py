@@ -11,13 +11,6 @@ from tensorflow.python.util import nest
 from stopgrad_math import decorator, gradient_layout, identity, shape_checks
 
 
-def _require_float(dtype: tf.DType, what: str) -> None:
-    if not identity.is_floating(dtype):
-        raise TypeError(
-            f"custom_gradient needs a floating {what} (float16, bfloat16, float32 or float64); got {dtype.name}."
-        )
-
-
 def _require_inexact(dtype: tf.DType, what: str, fx_dtype: tf.DType) -> None:
     """fx, x and gx are floating or complex; a real fx takes only real x and gx."""
     if not identity.is_inexact(dtype):
@@ -242,6 +235,7 @@ def custom_gradient(
     """
     if gx is None and x is None:
         if fx is None:
+            decorator.check_options(order, check_linearity)
             return lambda f: decorator.decorate(f, order=order, check_linearity=check_linearity)
         if callable(fx):
             return decorator.decorate(fx, order=order, check_linearity=check_linearity)
@@ -266,13 +260,16 @@ def custom_gradient(
         return _embed(fx, planned, fx_gx_manually_stopped)
 
 
-def scaled_identity(x: tf.Tensor | tf.Variable, scale: Any, what: str = "scale") -> tf.Tensor:
-    """Value x exactly, derivative ``scale`` broadcast against x (never read as a Jacobian)."""
-    x = tf.convert_to_tensor(x)
-    _require_float(x.dtype, "x")
-    scale = _tensor_like(scale, what, dtype_hint=x.dtype)
-    _require_float(scale.dtype, what)
-    scale = shape_checks.broadcast_checked(scale, x, what, "x")
+def scaled_identity(x: tf.Tensor | tf.Variable, scale: Any) -> tf.Tensor:
+    """Value x exactly, derivative ``scale`` broadcast against x (never read as a Jacobian).
+
+    scale may be floating or integer (an integer scale is exact in x's dtype).
+    """
+    x = identity.inexact_tensor(x, "scale_gradient's x")
+    scale = _tensor_like(scale, "scale", dtype_hint=x.dtype)
+    if not (identity.is_floating(scale.dtype) or scale.dtype.is_integer):
+        raise TypeError(f"scale_gradient's scale must be a floating or integer tensor; got {scale.dtype.name}.")
+    scale = shape_checks.broadcast_checked(scale, x, "scale", "x")
     if identity.nothing_records():
         return x
     scale = tf.stop_gradient(tf.cast(scale, x.dtype))

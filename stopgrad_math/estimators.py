@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from stopgrad_math import identity, shape_checks
@@ -34,8 +35,8 @@ def straight_through(forward: Any, backward: Any) -> tf.Tensor:
 
 
 def _straight_through_leaf(forward: Any, backward: Any) -> tf.Tensor:
-    forward = tf.convert_to_tensor(forward)
-    backward = tf.convert_to_tensor(backward, dtype_hint=forward.dtype)
+    forward = identity.inexact_tensor(forward, "straight_through's forward")
+    backward = identity.inexact_tensor(backward, "straight_through's backward", dtype_hint=forward.dtype)
     backward = shape_checks.broadcast_checked(backward, forward, "backward", "forward")
     if identity.nothing_records():
         return forward
@@ -61,7 +62,7 @@ def scale_gradient(x: Any, scale: Any) -> Any:
     >>> tape.gradient(y, x).numpy()
     array([0.1, 0.1], dtype=float32)
     """
-    return tf.nest.map_structure(lambda leaf: scaled_identity(leaf, scale), x)
+    return tf.nest.map_structure(lambda leaf: None if leaf is None else scaled_identity(leaf, scale), x)
 
 
 def reverse_gradient(x: Any, scale: Any = 1.0) -> Any:
@@ -76,7 +77,9 @@ def reverse_gradient(x: Any, scale: Any = 1.0) -> Any:
     >>> float(tape.gradient(y, x))
     -0.5
     """
-    return scale_gradient(x, -tf.convert_to_tensor(scale))
+    # Numbers are negated as they are, so that 0.1 stays 0.1 in x's dtype (not float32's 0.1 cast up).
+    negated = -tf.convert_to_tensor(scale) if tf.is_tensor(scale) else np.negative(scale)
+    return scale_gradient(x, negated)
 
 
 def magic_box(tau: Any) -> tf.Tensor:
@@ -101,5 +104,5 @@ def magic_box(tau: Any) -> tf.Tensor:
     >>> round(float(first), 6), round(float(outer.gradient(first, theta)), 6)
     (0.6, 2.36)
     """
-    tau = tf.convert_to_tensor(tau)
+    tau = identity.inexact_tensor(tau, "magic_box's tau")
     return tf.exp(identity.zero_with_slope(tau, slope_is_negative=False))

@@ -15,6 +15,7 @@ run time where the shapes are not known while tracing.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 from collections.abc import Callable
@@ -51,22 +52,29 @@ def _parameters(grad_fn: Callable) -> tuple:
     return tuple((p.name, p.kind.name) for p in inspect.signature(grad_fn).parameters.values())
 
 
-_SIGNATURES: dict[Any, _Signature] = {}
+_SIGNATURES: collections.OrderedDict[Any, _Signature] = collections.OrderedDict()
+SIGNATURES_KEPT = 1024  # code objects; the least recently used goes first
 
 
 def signature(grad_fn: Callable) -> _Signature:
     """grad_fn's calling convention.
 
     A plain function's parameters are fixed by its code object, which the
-    closures made afresh on every call share, so those are cached by code;
-    methods, partials, callable objects and wrapped functions are read anew.
+    closures made afresh on every call share, so those are cached by code,
+    for the most recent SIGNATURES_KEPT codes (generated grad_fns must not
+    grow it without bound); methods, partials, callable objects and wrapped
+    functions are read anew.
     """
     code = getattr(grad_fn, "__code__", None)
     if code is None or inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__"):
         return _signature_of_parameters(_parameters(grad_fn))
-    if code not in _SIGNATURES:
-        _SIGNATURES[code] = _signature_of_parameters(_parameters(grad_fn))
-    return _SIGNATURES[code]
+    if code in _SIGNATURES:
+        _SIGNATURES.move_to_end(code)
+        return _SIGNATURES[code]
+    found = _SIGNATURES[code] = _signature_of_parameters(_parameters(grad_fn))
+    if len(_SIGNATURES) > SIGNATURES_KEPT:
+        _SIGNATURES.popitem(last=False)
+    return found
 
 
 def call(grad_fn: Callable, outputs: Flattened, upstreams: dict[int, Any], variables: list) -> tuple[Any, Any]:

@@ -21,6 +21,8 @@ multiply_no_nan, and TensorFlow's own real/imag/complex gradients conjugate.
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
 from tensorflow.python.eager import record
 
@@ -36,6 +38,20 @@ def is_floating(dtype: tf.DType) -> bool:
 def is_inexact(dtype: tf.DType) -> bool:
     """Whether the identity can carry a gradient in this dtype (real floating or complex)."""
     return dtype.base_dtype in FLOATS + COMPLEX
+
+
+def inexact_tensor(value: Any, what: str, dtype_hint: tf.DType | None = None, complex_too: bool = False) -> tf.Tensor:
+    """``value`` as a floating (or, with ``complex_too``, complex) tensor; TypeError naming ``what`` otherwise."""
+    try:
+        tensor = value if isinstance(value, tf.Tensor) else tf.convert_to_tensor(value, dtype_hint=dtype_hint)
+    except (TypeError, ValueError) as error:
+        kind = type(value).__name__
+        raise TypeError(f"{what} must be a floating tensor; the {kind} {value!r:.60} is not: {error}") from error
+    allowed = is_inexact(tensor.dtype) if complex_too else is_floating(tensor.dtype)
+    if not allowed:
+        kinds = "floating or complex" if complex_too else "floating (float16, bfloat16, float32 or float64)"
+        raise TypeError(f"{what} must be a {kinds} tensor; got {tensor.dtype.name}.")
+    return tensor
 
 
 def _is_finite(x: tf.Tensor) -> tf.Tensor:
@@ -77,7 +93,7 @@ def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:
     kept and the derivative there is zero, since x − stop(x) would be NaN.
 
     Args:
-      x: a floating Tensor or tf.Variable.
+      x: a floating or complex Tensor or tf.Variable.
 
     Returns:
       A Tensor of zeros shaped like ``x`` whose gradient w.r.t. ``x`` is 1.
@@ -91,7 +107,7 @@ def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:
     >>> u.numpy(), tape.gradient(u, x).numpy()
     (array([0., 0.], dtype=float32), array([1., 1.], dtype=float32))
     """
-    return zero_with_slope(tf.convert_to_tensor(x), slope_is_negative=False)
+    return zero_with_slope(inexact_tensor(x, "zero_with_gradient's x", complex_too=True), slope_is_negative=False)
 
 
 def negative_zero_term(g: tf.Tensor, x: tf.Tensor, dtype: tf.DType) -> tf.Tensor:

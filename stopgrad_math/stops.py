@@ -25,6 +25,16 @@ def stop_gradient(structure: Any) -> Any:
     return tf.nest.map_structure(lambda leaf: None if leaf is None else tf.stop_gradient(leaf), structure)
 
 
+def _bool_tensor(mask: Any) -> tf.Tensor:
+    try:
+        mask = mask if isinstance(mask, tf.Tensor) else tf.convert_to_tensor(mask, dtype_hint=tf.bool)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"stop_gradient_where's mask must be a bool tensor: {error}") from error
+    if mask.dtype != tf.bool:  # a 0/1 or float mask would be read as a select, silently
+        raise TypeError(f"stop_gradient_where's mask must be a bool tensor; got {mask.dtype.name}.")
+    return mask
+
+
 def stop_gradient_where(x: Any, mask: Any) -> tf.Tensor:
     """Returns x, with its gradient stopped where ``mask`` is true.
 
@@ -45,6 +55,6 @@ def stop_gradient_where(x: Any, mask: Any) -> tf.Tensor:
     array([0., 1., 0.], dtype=float32)
     """
     x = tf.convert_to_tensor(x)
-    mask = tf.convert_to_tensor(mask, dtype=tf.bool)
+    mask = _bool_tensor(mask)
     mask = shape_checks.broadcast_checked(mask, x, "mask", "x")
     return tf.where(mask, tf.stop_gradient(x), x)
