@@ -36,12 +36,10 @@ def _require_both(gx: Any, x: Any) -> None:
 
 
 def _tensor_like(value: Any, what: str, dtype_hint: tf.DType | None = None) -> tf.Tensor | tf.Variable:
-    if isinstance(value, (tf.Tensor, tf.Variable)):
+    """A tensor, or a variable as it is (read only if the identity is built)."""
+    if isinstance(value, tf.Variable):
         return value
-    try:
-        return tf.convert_to_tensor(value, dtype_hint=dtype_hint)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"custom_gradient could not convert {what} to a Tensor: {error}") from error
+    return identity.to_tensor(value, f"custom_gradient's {what}", dtype_hint)
 
 
 def _pairs(gx: Any, x: Any) -> list[tuple[str, Any, Any]]:

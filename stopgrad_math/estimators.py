@@ -31,6 +31,10 @@ def straight_through(forward: Any, backward: Any) -> tf.Tensor:
     >>> y.numpy(), tape.gradient(y, x).numpy()
     (array([0., 2.], dtype=float32), array([1., 1.], dtype=float32))
     """
+    try:
+        tf.nest.assert_same_structure(forward, backward)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"straight_through's forward and backward must have the same structure: {error}") from None
     return tf.nest.map_structure(_straight_through_leaf, forward, backward)
 
 
@@ -77,9 +81,20 @@ def reverse_gradient(x: Any, scale: Any = 1.0) -> Any:
     >>> float(tape.gradient(y, x))
     -0.5
     """
-    # Numbers are negated as they are, so that 0.1 stays 0.1 in x's dtype (not float32's 0.1 cast up).
-    negated = -tf.convert_to_tensor(scale) if tf.is_tensor(scale) else np.negative(scale)
-    return scale_gradient(x, negated)
+    return scale_gradient(x, _negated(scale))
+
+
+def _negated(scale: Any) -> Any:
+    """−scale; numbers negated as they are, so that 0.1 stays 0.1 in x's dtype (not float32's 0.1 cast up)."""
+    if tf.is_tensor(scale) or isinstance(scale, tf.Variable):
+        return -identity.to_tensor(scale, "reverse_gradient's scale")
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        return -scale  # a Python number stays one, converted to x's dtype directly
+    try:
+        return np.negative(scale)
+    except (TypeError, ValueError) as error:  # a string, None, a bool, a jagged list
+        message = f"reverse_gradient's scale must be a number or a tensor of numbers; got {scale!r:.60}."
+        raise TypeError(message) from error
 
 
 def magic_box(tau: Any) -> tf.Tensor:

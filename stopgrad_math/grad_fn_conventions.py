@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.util import nest
 
 from stopgrad_math import gradient_components, identity, shape_checks
 from stopgrad_math.gradient_components import Component, Flattened
@@ -111,9 +110,25 @@ def _flat(gradients: Any, arguments: Flattened) -> list:
     if len(shallow) == 1 and not (isinstance(gradients, (list, tuple)) and len(gradients) == 1):
         shallow = shallow[0]  # one argument: its gradient may come alone, not in a list of one
     try:
-        return nest.flatten_up_to(shallow, gradients, check_types=False)
-    except (TypeError, ValueError):
+        return _up_to(shallow, gradients)
+    except ValueError:
         return tf.nest.flatten(gradients)
+
+
+def _up_to(shallow: Any, gradients: Any) -> list:
+    """One gradient per leaf of ``shallow`` (tf.nest's order), where gradients has its structure; a None in
+    place of a structure means no gradient for any of its leaves. ValueError where the structures differ."""
+    if not tf.nest.is_nested(shallow):
+        return [gradients]
+    if gradients is None:
+        return [None] * len(tf.nest.flatten(shallow))
+    if isinstance(shallow, dict):
+        if not isinstance(gradients, dict) or set(gradients) != set(shallow):
+            raise ValueError("not the structure")
+        return [g for key in sorted(shallow) for g in _up_to(shallow[key], gradients[key])]
+    if not isinstance(gradients, (list, tuple)) or len(gradients) != len(shallow):
+        raise ValueError("not the structure")
+    return [g for s, given in zip(shallow, gradients, strict=True) for g in _up_to(s, given)]
 
 
 def match(gradients: Any, arguments: Flattened) -> list[tuple[Component, Any]]:

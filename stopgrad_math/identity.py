@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record
 
@@ -40,13 +41,27 @@ def is_inexact(dtype: tf.DType) -> bool:
     return dtype.base_dtype in FLOATS + COMPLEX
 
 
-def inexact_tensor(value: Any, what: str, dtype_hint: tf.DType | None = None, complex_too: bool = False) -> tf.Tensor:
-    """``value`` as a floating (or, with ``complex_too``, complex) tensor; TypeError naming ``what`` otherwise."""
+def to_tensor(value: Any, what: str, dtype_hint: tf.DType | None = None) -> tf.Tensor:
+    """``value`` as a tensor (a variable read), or TypeError naming ``what``.
+
+    ``dtype_hint`` applies to Python values only: TensorFlow casts a NumPy
+    value to the hint, which drops an imaginary part with no more than a
+    warning. NumPy values keep their dtype, for the caller to check.
+    """
+    if isinstance(value, tf.Tensor):
+        return value
+    hint = None if isinstance(value, (np.ndarray, np.generic)) else dtype_hint
     try:
-        tensor = value if isinstance(value, tf.Tensor) else tf.convert_to_tensor(value, dtype_hint=dtype_hint)
+        return tf.convert_to_tensor(value, dtype_hint=hint)
     except (TypeError, ValueError) as error:
         kind = type(value).__name__
-        raise TypeError(f"{what} must be a floating tensor; the {kind} {value!r:.60} is not: {error}") from error
+        message = f"{what} must be a tensor or convertible to one; the {kind} {value!r:.60} is not: {error}"
+        raise TypeError(message) from error
+
+
+def inexact_tensor(value: Any, what: str, dtype_hint: tf.DType | None = None, complex_too: bool = False) -> tf.Tensor:
+    """``value`` as a floating (or, with ``complex_too``, complex) tensor; TypeError naming ``what`` otherwise."""
+    tensor = to_tensor(value, what, dtype_hint)
     allowed = is_inexact(tensor.dtype) if complex_too else is_floating(tensor.dtype)
     if not allowed:
         kinds = "floating or complex" if complex_too else "floating (float16, bfloat16, float32 or float64)"

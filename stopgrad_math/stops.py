@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math import shape_checks
+from stopgrad_math import identity, shape_checks
 
 
 def stop_gradient(structure: Any) -> Any:
@@ -22,14 +22,19 @@ def stop_gradient(structure: Any) -> Any:
     >>> sorted(out), out["scale"].numpy(), out["extra"]
     (['extra', 'loc', 'scale'], np.float32(2.0), None)
     """
-    return tf.nest.map_structure(lambda leaf: None if leaf is None else tf.stop_gradient(leaf), structure)
+    return tf.nest.map_structure(_stopped, structure)
+
+
+def _stopped(leaf: Any) -> Any:
+    if leaf is None:
+        return None
+    if not (tf.is_tensor(leaf) or isinstance(leaf, tf.Variable)):  # composites and variables as they are
+        leaf = identity.to_tensor(leaf, "stop_gradient's leaf")
+    return tf.stop_gradient(leaf)
 
 
 def _bool_tensor(mask: Any) -> tf.Tensor:
-    try:
-        mask = mask if isinstance(mask, tf.Tensor) else tf.convert_to_tensor(mask, dtype_hint=tf.bool)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"stop_gradient_where's mask must be a bool tensor: {error}") from error
+    mask = identity.to_tensor(mask, "stop_gradient_where's mask", dtype_hint=tf.bool)  # NumPy floats stay floats
     if mask.dtype != tf.bool:  # a 0/1 or float mask would be read as a select, silently
         raise TypeError(f"stop_gradient_where's mask must be a bool tensor; got {mask.dtype.name}.")
     return mask
@@ -54,7 +59,7 @@ def stop_gradient_where(x: Any, mask: Any) -> tf.Tensor:
     >>> tape.gradient(y, x).numpy()
     array([0., 1., 0.], dtype=float32)
     """
-    x = tf.convert_to_tensor(x)
+    x = identity.to_tensor(x, "stop_gradient_where's x")
     mask = _bool_tensor(mask)
     mask = shape_checks.broadcast_checked(mask, x, "mask", "x")
     return tf.where(mask, tf.stop_gradient(x), x)

@@ -1,5 +1,6 @@
 """check_gradient and assert_gradient: accept right gradients, reject wrong ones, say where."""
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -80,3 +81,40 @@ def test_report_table_has_one_row_per_argument_and_mode():
     report = check_gradient(lambda x, y: x * y, tf.constant([1.0], tf.float64), tf.constant([2.0], tf.float64))
     table = str(report).splitlines()
     assert len(table) == 1 + 4 and "max abs err" in table[0]
+
+
+# ---------------------------------------------------------------- never a vacuous pass
+
+
+def wrong_square(a):
+    return custom_gradient(a * a, 3 * a, a)  # the true derivative is 2a
+
+
+@pytest.mark.parametrize(
+    "point", [[1.0, 2.0], (1.0, 2.0), 2.0, np.float32(2.0), np.float64(2.0), np.array([1.0, 2.0]), tf.Variable(2.0)],
+    ids=["list", "tuple", "float", "numpy float32", "numpy float64", "numpy array", "variable"],
+)
+def test_a_wrong_gradient_fails_at_every_kind_of_point(point):
+    report = check_gradient(wrong_square, point)
+    assert not report.passed and sum(row.checked for row in report.rows) > 0
+    assert check_gradient(lambda a: custom_gradient(a * a, 2 * a, a), point).passed
+    with pytest.raises(AssertionError, match="gradient check failed"):
+        assert_gradient(wrong_square, point)
+
+
+@pytest.mark.parametrize("args", [(tf.constant([1, 2]),), (tf.zeros([0]),), (3,)], ids=["integer", "empty", "int"])
+def test_a_report_with_nothing_checked_never_passes(args):
+    report = check_gradient(lambda a: a * a, *args)
+    assert not report.passed
+    assert sum(row.checked for row in report.rows) == 0
+
+
+@pytest.mark.parametrize("step", [0, -1e-3, float("nan"), float("inf"), "1e-3"])
+def test_a_step_that_is_no_positive_finite_number_is_a_value_error(step):
+    with pytest.raises(ValueError, match="check_gradient's step must be a finite number above 0"):
+        check_gradient(lambda a: a * a, tf.constant([1.0]), step=step)
+
+
+def test_complex_arguments_are_refused_not_skipped():
+    with pytest.raises(TypeError, match="real and imaginary parts"):
+        check_gradient(lambda z: z * z, tf.constant([1.0 + 1j]))

@@ -947,3 +947,35 @@ def test_a_grad_fn_that_refuses_differentiation_raises_when_f_is_called_under_a_
     with tf.GradientTape() as tape, pytest.raises(NotImplementedError, match="refused"):
         tape.watch(x)
         refused(x)
+
+
+# ---------------------------------------------------------------- options, the signature cache, AutoGraph
+
+
+@pytest.mark.parametrize("options", [{"order": "2"}, {"order": 2.0}, {"order": True}, {"check_linearity": "yes"}])
+def test_bad_options_are_refused_when_given(options):
+    with pytest.raises((ValueError, TypeError), match=r"order must be 1 or 2|check_linearity must be True or False"):
+        custom_gradient(**options)
+
+
+def test_the_grad_fn_signature_cache_is_bounded():
+    from stopgrad_math import grad_fn_conventions
+
+    x = tf.constant([1.0, 2.0])
+    for k in range(grad_fn_conventions.SIGNATURES_KEPT + 300):  # a fresh code object each time, as generated code makes
+        namespace = {}
+        exec(f"def f(x):\n    return 2.0 * x, lambda dy{k}: {k % 7 + 1}.0 * dy{k}", namespace)  # a new code each k
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = custom_gradient(namespace["f"])(x)
+        if k % 400 == 0:
+            np.testing.assert_array_equal(tape.gradient(y, x), [k % 7 + 1.0] * 2)
+    assert len(grad_fn_conventions._SIGNATURES) == grad_fn_conventions.SIGNATURES_KEPT
+
+
+def test_a_decorated_lambda_draws_no_autograph_warning(caplog):
+    double = custom_gradient(lambda x: (2 * x, lambda dy: 3 * dy))
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        grad = tf.function(lambda x: vjp(double, x))(tf.constant([1.0]))
+    np.testing.assert_array_equal(grad, [3.0])
+    assert not [r for r in caplog.records if "AutoGraph could not transform" in r.getMessage()]

@@ -204,7 +204,7 @@ def test_run_time_misfit_has_the_static_words():
 
 
 # Ops in each traced program (value and gradient, static shapes) before run-time layouts existed; since then
-# reverse_gradient has one fewer (a Python scale is negated exactly by NumPy, not by a Neg op).
+# reverse_gradient has one fewer (a Python scale is negated in Python, not by a Neg op).
 OPS_BEFORE = {
     "elementwise": 21, "jacobian": 37, "scalar": 34, "sum": 41, "nested": 43, "partial": 29,
     "straight_through": 16, "scale_gradient": 25, "reverse_gradient": 25, "stop_gradient_where": 15, "magic_box": 14,

@@ -548,7 +548,7 @@ def test_a_tensor_without_gx_or_x_is_a_type_error_naming_both_forms(args, missin
 
 
 def test_an_fx_that_is_no_tensor_is_a_type_error_naming_fx():
-    with pytest.raises(TypeError, match="could not convert fx to a Tensor"):
+    with pytest.raises(TypeError, match="custom_gradient's fx must be a tensor or convertible to one"):
         custom_gradient(lambda x: x, tf.ones(2), tf.ones(2))
 
 

@@ -18,6 +18,7 @@ from stopgrad_math import (
     stop_gradient,
     stop_gradient_where,
     straight_through,
+    zero_with_gradient,
 )
 
 AWKWARD = st.one_of(st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3e38, 0.5, 2.5]), st.floats(width=32))
@@ -262,3 +263,45 @@ def test_partial_custom_gradient_where_autodiff_of_f_is_nan():
     dx, dy = tape.gradient(h, [x, y])
     assert (float(h), float(dx), float(dy)) == (200.0, 2.0, 100.0)
     assert np.isnan(vjp(lambda x: f(x, y), x).numpy())  # what it replaces
+
+
+# ---------------------------------------------------------------- bad inputs named
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda: zero_with_gradient(tf.constant([1, 2])), r"zero_with_gradient's x must be a floating or .*int32"),
+        (lambda: magic_box(tf.constant([1, 2])), r"magic_box's tau must be a floating .*int32"),
+        (lambda: magic_box(None), r"magic_box's tau must be a tensor or convertible to one"),
+        (lambda: straight_through(tf.constant([1, 2]), tf.constant([1.0, 2.0])), r"straight_through's forward .*int32"),
+        (lambda: straight_through(tf.constant([1.0]), tf.constant([1])), r"straight_through's backward .*int32"),
+        (lambda: stop_gradient_where(tf.constant([1.0, 2.0]), tf.constant([1, 0])), r"mask must be a bool.*int32"),
+        (lambda: stop_gradient_where(tf.constant([1.0, 2.0]), [0.5, 0.0]), r"mask must be a bool"),
+        (lambda: scale_gradient(tf.constant([1.0]), "2"), r"scale_gradient's scale must be a floating or integer"),
+        (lambda: scale_gradient(tf.constant([True]), 2.0), r"scale_gradient's x must be a floating"),
+    ],
+)
+def test_helpers_name_what_they_need(call, words):
+    with pytest.raises(TypeError, match=words):
+        call()
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_integer_scales_and_exact_negation(dtype):
+    x = tf.constant([1.0, 2.0], dtype)
+    np.testing.assert_array_equal(vjp(lambda x: reverse_gradient(x, 2), x), [-2.0, -2.0])
+    np.testing.assert_array_equal(vjp(lambda x: scale_gradient(x, tf.constant(3)), x), [3.0, 3.0])
+    got = vjp(lambda x: reverse_gradient(x, 0.1), x).numpy()
+    np.testing.assert_array_equal(got, np.full(2, -0.1, dtype.as_numpy_dtype))  # 0.1 in x's dtype, not float32's
+
+
+def test_none_leaves_are_skipped_as_stop_gradient_skips_them():
+    x = tf.constant([1.0, 2.0])
+    for helper, scale in ((scale_gradient, 0.5), (reverse_gradient, 0.5)):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = helper({"a": x, "b": None}, scale)
+        assert out["b"] is None
+        sign = 1.0 if helper is scale_gradient else -1.0
+        np.testing.assert_array_equal(tape.gradient(out["a"], x), [sign * 0.5] * 2)
