@@ -278,6 +278,8 @@ def test_partial_custom_gradient_where_autodiff_of_f_is_nan():
         (lambda: straight_through(tf.constant([1.0]), tf.constant([1])), r"straight_through's backward .*int32"),
         (lambda: stop_gradient_where(tf.constant([1.0, 2.0]), tf.constant([1, 0])), r"mask must be a bool.*int32"),
         (lambda: stop_gradient_where(tf.constant([1.0, 2.0]), [0.5, 0.0]), r"mask must be a bool"),
+        (lambda: stop_gradient_where(tf.constant([1.0, 2.0]), np.array([0.5, 0.0])), r"mask must be a bool.*float64"),
+        (lambda: scale_gradient(tf.constant([1.0]), np.complex128(2 + 1j)), r"scale must be a floating or integer"),
         (lambda: scale_gradient(tf.constant([1.0]), "2"), r"scale_gradient's scale must be a floating or integer"),
         (lambda: scale_gradient(tf.constant([True]), 2.0), r"scale_gradient's x must be a floating"),
     ],
