@@ -98,13 +98,6 @@ def of(name: str, value: Any) -> Component:
     )
 
 
-def zeros_like(component: Component) -> Any:
-    """An upstream of zeros for an output: its own kind (a RaggedTensor for a RaggedTensor), or None."""
-    if not component.differentiable:
-        return None
-    return component.rebuild(tf.zeros_like(component.tensor))
-
-
 def gradient_tensor(gradient: Any, component: Component) -> tf.Tensor | tf.IndexedSlices:
     """The part of grad_fn's gradient for a value that belongs to its component.
 
@@ -121,7 +114,7 @@ def gradient_tensor(gradient: Any, component: Component) -> tf.Tensor | tf.Index
             kinds = type(gradient).__name__, type(component.value).__name__
             raise ValueError(f"grad_fn returned a {kinds[0]} for {component.name}, a {kinds[1]}.")
         return of(component.name, gradient).tensor
-    return tf.convert_to_tensor(gradient, dtype_hint=component.dtype)
+    return identity.to_tensor(gradient, f"grad_fn's gradient for {component.name}", dtype_hint=component.dtype)
 
 
 @dataclasses.dataclass

@@ -101,3 +101,14 @@ def test_the_wrong_number_of_gradients_says_how_a_flat_list_is_read():
     too_many = make_dict_function(lambda dy, a, b: [dy, dy, dy])
     with pytest.raises(ValueError, match=r"returned 3 gradients.*args\[0/a\].*tf.nest's order \(dict keys sorted\)"):
         dict_gradients(too_many, A, B)
+
+
+def test_a_numpy_complex_gradient_for_a_real_argument_is_refused_not_cast():
+    """TensorFlow would cast it to float32 with a dtype hint and drop the imaginary part."""
+
+    @custom_gradient
+    def f(x):
+        return 2.0 * x, lambda dy: np.complex128(2 + 1j)
+
+    with pytest.raises(ValueError, match=r"complex128 gradient for args\[0\], a float32"):
+        gradient_of(f, tf.constant(1.0))
