@@ -42,7 +42,7 @@ from stopgrad_math.gradient_components import Component, Flattened
 _NUMBERS = (bool, int, float, complex, np.ndarray, np.generic)
 
 
-def unconverted_if_lambda(fn: Callable) -> Callable:
+def _unconverted_if_lambda(fn: Callable) -> Callable:
     """fn, kept from AutoGraph if it is a lambda: its body is an expression, with no statement to convert,
     and AutoGraph cannot find the source of a lambda beside another on a line (it warns, then runs it as is)."""
     if tf.executing_eagerly() or getattr(fn, "__name__", "") != "<lambda>":  # AutoGraph acts only while tracing
@@ -51,10 +51,10 @@ def unconverted_if_lambda(fn: Callable) -> Callable:
 
 
 def _call_f(f: Callable, args: tuple, kwargs: dict) -> tuple[Any, Callable]:
-    result = unconverted_if_lambda(f)(*args, **kwargs)
+    result = _unconverted_if_lambda(f)(*args, **kwargs)
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
         raise TypeError(f"{getattr(f, '__name__', f)} must return a pair (y, grad_fn); got {type(result).__name__}.")
-    return result[0], unconverted_if_lambda(result[1])
+    return result[0], _unconverted_if_lambda(result[1])
 
 
 def _positional(f: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -114,7 +114,8 @@ def _evaluate(f: Callable, args: tuple, kwargs: dict, order: int) -> _Plan:
     args, kwargs = _positional(f, args, kwargs)
     arguments = Flattened.of(list(args), "args")
     kwargs = _constants(kwargs)
-    at = {i: tf.stop_gradient(arguments.components[i].tensor) for i in arguments.differentiable}
+    stopped = {i: tf.stop_gradient(arguments.components[i].tensor) for i in arguments.differentiable}
+    at = stopped
     if order == 2:
         # The midpoint stop(x) + u/2 equals x bit for bit (−0.0 too) and moves
         # at half speed, which makes J·v exact to second order.
@@ -124,7 +125,8 @@ def _evaluate(f: Callable, args: tuple, kwargs: dict, order: int) -> _Plan:
     watched = watcher.watched_variables()
     outputs = _outputs(y)
     if order == 2:  # f ran at the midpoint; its value must not move with it, but must with variables it reads
-        outputs = _outputs(_stopped(outputs) if not watched else _call_f(f, tuple(_stopped(arguments)), kwargs)[0])
+        y = _stopped(outputs) if not watched else _call_f(f, tuple(arguments.with_tensors(stopped)), kwargs)[0]
+        outputs = _outputs(y)
     variables = []
     if watched and grad_fn_conventions.signature(grad_fn).takes_variables:
         variables = [gradient_components.of(v.name, v) for v in watched]

@@ -110,7 +110,7 @@ class _RunTime:
     single zero elsewhere (``shape_checks.reshaped_where``), and the terms added."""
 
     def __init__(self, name: str, layouts: list[Layout], fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor):
-        self.fx, self.gx, self.dtype = fx, gx, fx.dtype
+        self.gx, self.dtype = gx, fx.dtype
         self.minus_u = identity.zero_with_slope(x, slope_is_negative=True)
         self.shapes = [tf.shape(t) for t in (fx, x, gx)]
         self.padded, self.ranks = shape_checks.left_padded(*self.shapes)
