@@ -72,6 +72,46 @@ LOG1PEXP = Case(
 )
 
 
+# ---------------------------------------------------------------- log1pexp from exp: the honest worst case
+# softplus and sigmoid are costly ops that hide the identity's overhead; here the gradient costs one
+# division more than the value, so the mechanism's own cost shows.
+
+
+def _log1pexp_parts(x):
+    e = tf.exp(x)
+    return tf.math.log(1 + e), 1 - 1 / (1 + e)
+
+
+def _log1pexp_from_exp(x):
+    e = tf.exp(x)
+    return tf.math.log(1 + e), lambda dy: dy * (1 - 1 / (1 + e))
+
+
+def _keras_log1pexp_from_exp(x):
+    value, grad = _log1pexp_from_exp(x)
+    return value, lambda *args, upstream=None: grad(args[0] if upstream is None else upstream)
+
+
+_sgm_log1pexp_from_exp = sgm.custom_gradient(_log1pexp_from_exp)
+
+_LOG1PEXP_EXP_IMPLEMENTATIONS = {
+    "stopgrad_math identity": lambda x: sgm.custom_gradient(*_log1pexp_parts(x), x),
+    "stopgrad_math decorator": _sgm_log1pexp_from_exp,
+    ORDER_2: sgm.custom_gradient(order=2)(_log1pexp_from_exp),
+    ANCHOR: tf.custom_gradient(_log1pexp_from_exp),
+    "tfp.math.custom_gradient": lambda x: tfp.math.custom_gradient(*_log1pexp_parts(x), x),
+    "keras ops.custom_gradient": keras.ops.custom_gradient(_keras_log1pexp_from_exp),
+    "plain autodiff (floor)": lambda x: tf.math.log(1 + tf.exp(x)),
+}
+
+LOG1PEXP_EXP = Case(
+    "log1pexp_exp",
+    "y = log(1 + e) with the gradient 1 − 1/(1 + e), e = exp(x), elementwise; n = number of elements",
+    lambda n: (_LOG1PEXP_EXP_IMPLEMENTATIONS, tf.linspace(-20.0, 20.0, n)),  # exp(x) stays finite
+    lambda n: 3 * 4 * n,
+)
+
+
 # ---------------------------------------------------------------- matmul, a VJP that is not elementwise
 
 _WIDTH = 64
@@ -237,4 +277,4 @@ EMBEDDING = Case(
     lambda n: 3 * 4 * TABLE_WIDTH * n,  # read the rows, write them and their gradient
 )
 
-CASES = (LOG1PEXP, MATMUL, LOGLIK, EMBEDDING)
+CASES = (LOG1PEXP, LOG1PEXP_EXP, MATMUL, LOGLIK, EMBEDDING)
