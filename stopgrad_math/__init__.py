@@ -9,6 +9,7 @@ from stopgrad_math.checking import GradientReport, assert_gradient, check_gradie
 from stopgrad_math.embedding import custom_gradient
 from stopgrad_math.estimators import magic_box, reverse_gradient, scale_gradient, straight_through
 from stopgrad_math.identity import zero_with_gradient
+from stopgrad_math.inference import values_only
 from stopgrad_math.partial import partial_custom_gradient
 from stopgrad_math.stops import stop_gradient, stop_gradient_where
 
@@ -24,6 +25,7 @@ __all__ = [
     "stop_gradient",
     "stop_gradient_where",
     "straight_through",
+    "values_only",
     "zero_with_gradient",
 ]
 __version__ = "0.1.0"

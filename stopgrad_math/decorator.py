@@ -28,14 +28,14 @@ import functools
 import inspect
 import numbers
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record
 
-from stopgrad_math import grad_fn_conventions, gradient_components, identity, linearity
+from stopgrad_math import grad_fn_conventions, gradient_components, identity, inference, linearity, recent
 from stopgrad_math.grad_fn_conventions import Gradient
 from stopgrad_math.gradient_components import Component, Flattened
 
@@ -68,7 +68,7 @@ def _positional(f: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 def _stopped(flat: Flattened) -> Any:
     """The structure with every differentiable component stopped."""
-    return flat.with_tensors({i: tf.stop_gradient(flat.components[i].tensor) for i in flat.differentiable})
+    return flat.with_tensors({i: flat.components[i].stopped for i in flat.differentiable})
 
 
 def _constants(kwargs: dict) -> dict:
@@ -106,7 +106,8 @@ class _Plan:
 
 def _outputs(y: Any) -> Flattened:
     # Numbers become tensors so that grad_fn gets an upstream for them, as with tf.custom_gradient.
-    y = tf.nest.map_structure(lambda t: tf.convert_to_tensor(t) if isinstance(t, _NUMBERS) else t, y)
+    if not isinstance(y, tf.Tensor):  # a lone tensor without nest's cost
+        y = tf.nest.map_structure(lambda t: tf.convert_to_tensor(t) if isinstance(t, _NUMBERS) else t, y)
     return Flattened.of(y, "y")
 
 
@@ -114,12 +115,13 @@ def _evaluate(f: Callable, args: tuple, kwargs: dict, order: int) -> _Plan:
     args, kwargs = _positional(f, args, kwargs)
     arguments = Flattened.of(list(args), "args")
     kwargs = _constants(kwargs)
-    stopped = {i: tf.stop_gradient(arguments.components[i].tensor) for i in arguments.differentiable}
+    stopped = {i: arguments.components[i].stopped for i in arguments.differentiable}
     at = stopped
     if order == 2:
         # The midpoint stop(x) + u/2 equals x bit for bit (−0.0 too) and moves
         # at half speed, which makes J·v exact to second order.
-        at = {i: t + identity.zero_with_slope(arguments.components[i].tensor, False) / 2 for i, t in at.items()}
+        components = arguments.components
+        at = {i: t + identity.zero_with_slope(components[i].tensor, False, t) / 2 for i, t in at.items()}
     with record.VariableWatcher() as watcher:
         y, grad_fn = _call_f(f, tuple(arguments.with_tensors(at)), kwargs)
     watched = watcher.watched_variables()
@@ -180,25 +182,43 @@ def _zero_after(checked: tf.Tensor) -> tf.Tensor:
     return tf.math.multiply_no_nan(checked, tf.zeros([], checked.dtype))
 
 
-def _scalar_terms(gradients: list[Gradient], dtype: tf.DType, conjugate: bool = False) -> list[tf.Tensor]:
-    """Σ multiply_no_nan(g, v) in ``dtype``: the identity form's terms for a y of one element."""
-    terms = []
-    for gradient in gradients:
-        g = tf.math.conj(gradient.values) if conjugate else gradient.values
-        terms.append(tf.reduce_sum(identity.times_zero(g, gradient.zero(), dtype)))
-    return terms
+_SCALAR = tf.TensorShape([])
 
 
-def _embed_one_element(plan: _Plan, index: int) -> Any:
-    """y of one element: its derivative is grad_fn(1), embedded as the identity form does (no transpose)."""
+def _scalar_terms(gradients: list[Gradient], dtype: tf.DType, shape: tf.TensorShape = _SCALAR,
+                  conjugate: bool = False) -> list[tf.Tensor]:
+    """Σ multiply_no_nan(g, v) in ``dtype``, of one element in ``shape``: the identity form's terms for a y of
+    one element (of that shape), or terms that broadcast to any y."""
+    return [_summed_to(identity.times_zero(tf.math.conj(g.values) if conjugate else g.values, g.zero(), dtype), shape)
+            for g in gradients]
+
+
+def _summed_to(product: tf.Tensor, shape: tf.TensorShape) -> tf.Tensor:
+    """The sum of ``product`` in a one-element ``shape``: attached to y, its gradient needs no broadcasting."""
+    if product.shape.is_fully_defined() and product.shape == shape:
+        return product
+    total = tf.reduce_sum(product)
+    return tf.reshape(total, shape) if shape.rank else total
+
+
+def _embed_one_element(plan: _Plan, index: int, zero_checked: recent.Recent, signature: Hashable | None) -> Any:
+    """y of one element: its derivative is grad_fn(1), embedded as the identity form does (no transpose).
+
+    grad_fn(0) must be zero. It is checked while tracing (a graph prunes its
+    ops unless its value is static) and, in eager mode, at the first call with
+    each ``signature`` (see ``_eager_signature``), as a trace would be: it
+    costs a call of grad_fn.
+    """
     output = plan.outputs.components[index]
     y = output.tensor
-    # grad_fn(0) must be zero; its ops only run where that is checked (eager; a graph prunes them unless static).
-    at_zero = plan.gradients({index: output.rebuild(tf.zeros_like(y))})
-    linearity.check_at_zero([g.values for g in at_zero], [g.name for g in at_zero])
+    if signature is None or signature not in zero_checked:
+        at_zero = plan.gradients({index: output.rebuild(tf.zeros_like(y))})
+        linearity.check_at_zero([g.values for g in at_zero], [g.name for g in at_zero])
+        if signature is not None:
+            zero_checked.put(signature)
     gradients = plan.gradients({index: output.rebuild(tf.ones_like(y))})
     # grad_fn(1) is conj(J) for a complex y, TensorFlow's convention.
-    return plan.with_terms({index: _scalar_terms(gradients, y.dtype, conjugate=y.dtype.is_complex)})
+    return plan.with_terms({index: _scalar_terms(gradients, y.dtype, y.shape, conjugate=identity.is_complex(y.dtype))})
 
 
 def _jacobian_times_zeros(plan: _Plan) -> dict[int, list[tf.Tensor]]:
@@ -241,7 +261,23 @@ _OPAQUE = (
 )
 
 
-def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: bool) -> Any:
+def _eager_signature(plan: _Plan, kwargs: dict) -> Hashable | None:
+    """In eager mode, what tf.function would key a trace of this call by: the shapes and dtypes of the tensors
+    and the constant arguments. None while tracing, or where keyword arguments or an unhashable constant
+    leave it unknown."""
+    if kwargs or not tf.executing_eagerly():
+        return None
+    key = tuple((tuple(c.shape.as_list()), c.dtype) if c.differentiable else c.value
+                for c in plan.arguments.components + plan.outputs.components)
+    try:
+        hash(key)
+    except TypeError:  # a tensor that is no gradient component (int32), a NumPy array
+        return None
+    return key
+
+
+def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: bool,
+           zero_checked: recent.Recent) -> Any:
     plan = _evaluate(f, args, kwargs, order)
     if not plan.outputs.differentiable or not (plan.arguments.differentiable or plan.variables):
         return plan.outputs.structure  # nothing to differentiate: no grad_fn call, as tf.custom_gradient
@@ -249,8 +285,18 @@ def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: 
         _check_superposition(plan)
     index = _one_element_output(plan)
     if index is not None and _real_or_all_complex(plan, index):
-        return _embed_one_element(plan, index)
+        return _embed_one_element(plan, index, zero_checked, _eager_signature(plan, kwargs))
     return plan.with_terms(_jacobian_times_zeros(plan))
+
+
+def _value_alone(f: Callable, args: tuple, kwargs: dict) -> Any:
+    """values_only(): f's y, not differentiable w.r.t. the arguments or the variables f reads; no grad_fn call."""
+    args, kwargs = _positional(f, args, kwargs)
+    arguments = Flattened.of(list(args), "args")
+    with record.VariableWatcher() as watcher:
+        y = _call_f(f, args, kwargs)[0]
+    sources = [arguments.components[i].unread for i in arguments.differentiable] + list(watcher.watched_variables())
+    return inference.undifferentiable(y, sources)
 
 
 def _check_superposition(plan: _Plan) -> None:
@@ -263,10 +309,10 @@ def _check_superposition(plan: _Plan) -> None:
 
 def _real_or_all_complex(plan: _Plan, index: int) -> bool:
     """Whether grad_fn(1) is J: a complex y, or real arguments (a real y has no complex derivative)."""
-    if plan.outputs.components[index].tensor.dtype.is_complex:
+    if identity.is_complex(plan.outputs.components[index].tensor.dtype):
         return True
     components = [plan.arguments.components[i] for i in plan.arguments.differentiable] + plan.variables
-    return not any(c.dtype.is_complex for c in components)
+    return not any(identity.is_complex(c.dtype) for c in components)
 
 
 def check_options(order: Any, check_linearity: Any) -> None:
@@ -275,6 +321,9 @@ def check_options(order: Any, check_linearity: Any) -> None:
         raise ValueError(f"order must be 1 or 2; got {order!r}.")
     if not isinstance(check_linearity, bool):
         raise TypeError(f"check_linearity must be True or False; got {check_linearity!r}.")
+
+
+SIGNATURES_KEPT = 256  # input signatures per decorated function whose grad_fn(0) was checked in eager mode
 
 
 def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Callable:
@@ -288,13 +337,16 @@ def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Call
 
     # A root name scope must start with a letter, digit or '.': '_f' and '<lambda>' would be refused.
     scope = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(f, "__name__", "")).lstrip("_") or "custom_gradient"
+    zero_checked = recent.Recent(SIGNATURES_KEPT)
 
     @functools.wraps(f)
     def embedded(*args, **kwargs):
         if identity.nothing_records():
             return _call_f(f, args, kwargs)[0]
-        with tf.name_scope(scope):
-            return _embed(f, args, kwargs, order, check_linearity)
+        with identity.name_scope(scope):
+            if inference.active():
+                return _value_alone(f, args, kwargs)
+            return _embed(f, args, kwargs, order, check_linearity, zero_checked)
 
     # autograph reads a function's source through __wrapped__ and would compile
     # f in place of this wrapper; the original stays reachable as `undecorated`.

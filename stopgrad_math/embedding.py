@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.util import nest
 
-from stopgrad_math import decorator, gradient_layout, identity, shape_checks
+from stopgrad_math import decorator, gradient_layout, identity, inference, shape_checks
 
 
 def _require_inexact(dtype: tf.DType, what: str, fx_dtype: tf.DType) -> None:
@@ -18,7 +18,7 @@ def _require_inexact(dtype: tf.DType, what: str, fx_dtype: tf.DType) -> None:
             f"custom_gradient needs a floating or complex {what} (float16, bfloat16, float32, float64, "
             f"complex64 or complex128); got {dtype.name}."
         )
-    if dtype.is_complex and not fx_dtype.is_complex:
+    if identity.is_complex(dtype) and not identity.is_complex(fx_dtype):
         raise TypeError(
             f"custom_gradient got a complex {what} for a real fx ({fx_dtype.name}): a complex derivative "
             "needs a complex fx."
@@ -37,7 +37,7 @@ def _require_both(gx: Any, x: Any) -> None:
 
 def _tensor_like(value: Any, what: str, dtype_hint: tf.DType | None = None) -> tf.Tensor | tf.Variable:
     """A tensor, or a variable as it is (read only if the identity is built)."""
-    if isinstance(value, tf.Variable):
+    if isinstance(value, (tf.Tensor, tf.Variable)):
         return value
     return identity.to_tensor(value, f"custom_gradient's {what}", dtype_hint)
 
@@ -240,22 +240,25 @@ def custom_gradient(
     if order != 1 or check_linearity:
         raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
     _require_both(gx, x)
-    with tf.name_scope(name or "custom_gradient"):
-        fx = tf.convert_to_tensor(_tensor_like(fx, "fx"), name="fx")
+    with identity.name_scope(name or "custom_gradient"):
+        fx = _tensor_like(fx, "fx")
+        fx = fx if isinstance(fx, tf.Tensor) else tf.convert_to_tensor(fx, name="fx")
         _require_inexact(fx.dtype, "fx", fx.dtype)
-        planned = []
-        for label, g, x_leaf in _pairs(gx, x):
-            if g is None:
-                continue
-            x_leaf = _tensor_like(x_leaf, label)
-            g = _tensor_like(g, f"the gradient for {label}", dtype_hint=fx.dtype)
-            _require_inexact(x_leaf.dtype, label, fx.dtype)
-            _require_inexact(g.dtype, f"gradient for {label}", fx.dtype)
-            layouts = gradient_layout.candidates(label, fx.shape, x_leaf.shape, g.shape)
-            planned.append((label, layouts, g, x_leaf))
+        planned = [_planned(fx, label, g, x_leaf) for label, g, x_leaf in _pairs(gx, x) if g is not None]
         if identity.nothing_records():
             return fx
+        if inference.active():
+            return inference.undifferentiable(fx, [x_leaf for *_, x_leaf in planned])
         return _embed(fx, planned, fx_gx_manually_stopped)
+
+
+def _planned(fx: tf.Tensor, label: str, g: Any, x: Any) -> tuple:
+    """(label, layout choice, g, x) for one argument, converted and checked against fx."""
+    x = _tensor_like(x, label)
+    g = _tensor_like(g, f"the gradient for {label}", dtype_hint=fx.dtype)
+    _require_inexact(x.dtype, label, fx.dtype)
+    _require_inexact(g.dtype, f"gradient for {label}", fx.dtype)
+    return label, gradient_layout.candidates(label, fx.shape, x.shape, g.shape), g, x
 
 
 def scaled_identity(x: tf.Tensor | tf.Variable, scale: Any) -> tf.Tensor:
@@ -270,14 +273,20 @@ def scaled_identity(x: tf.Tensor | tf.Variable, scale: Any) -> tf.Tensor:
     scale = shape_checks.broadcast_checked(scale, x, "scale", "x")
     if identity.nothing_records():
         return x
-    scale = tf.stop_gradient(tf.cast(scale, x.dtype))
-    return identity.attach(tf.stop_gradient(x), [identity.negative_zero_term(scale, x, x.dtype)])
+    if inference.active():
+        return inference.undifferentiable(x, [x])
+    scale, x_stop = identity.stop_each([identity.cast(scale, x.dtype), x])
+    return identity.attach(x_stop, [identity.negative_zero_term(scale, x, x.dtype, x_stop)])
 
 
 def _embed(fx: tf.Tensor, planned: list, manually_stopped: bool) -> tf.Tensor:
-    maybe_stop = (lambda t: t) if manually_stopped else tf.stop_gradient
-    terms = []
-    for label, layouts, g, x_leaf in planned:
-        g = maybe_stop(tf.cast(g, fx.dtype))
-        terms.append(gradient_layout.zero_term(label, layouts, fx, tf.convert_to_tensor(x_leaf), g))
-    return identity.attach(maybe_stop(fx), terms)
+    xs = [x if isinstance(x, tf.Tensor) else tf.convert_to_tensor(x) for *_, x in planned]
+    gs = [identity.cast(g, fx.dtype) for _, _, g, _ in planned]
+    if manually_stopped:
+        x_stops = identity.stop_each(xs)
+    else:
+        fx, *rest = identity.stop_each([fx, *gs, *xs])
+        gs, x_stops = rest[: len(gs)], rest[len(gs) :]
+    terms = [gradient_layout.zero_term(label, choice, fx, x, g, x_stop)
+             for (label, choice, *_), x, g, x_stop in zip(planned, xs, gs, x_stops, strict=True)]
+    return identity.attach(fx, terms)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import identity, shape_checks
+from stopgrad_math import identity, inference, shape_checks
 from stopgrad_math.embedding import scaled_identity
 
 
@@ -44,6 +44,8 @@ def _straight_through_leaf(forward: Any, backward: Any) -> tf.Tensor:
     backward = shape_checks.broadcast_checked(backward, forward, "backward", "forward")
     if identity.nothing_records():
         return forward
+    if inference.active():
+        return inference.undifferentiable(forward, [backward])
     term = identity.zero_with_slope(tf.cast(backward, forward.dtype), slope_is_negative=True)
     return identity.attach(tf.stop_gradient(forward), [term])
 

@@ -15,7 +15,6 @@ run time where the shapes are not known while tracing.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import inspect
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math import gradient_components, identity, shape_checks
+from stopgrad_math import gradient_components, identity, recent, shape_checks
 from stopgrad_math.gradient_components import Component, Flattened
 
 
@@ -51,8 +50,8 @@ def _parameters(grad_fn: Callable) -> tuple:
     return tuple((p.name, p.kind.name) for p in inspect.signature(grad_fn).parameters.values())
 
 
-_SIGNATURES: collections.OrderedDict[Any, _Signature] = collections.OrderedDict()
 SIGNATURES_KEPT = 1024  # code objects; the least recently used goes first
+_SIGNATURES = recent.Recent(SIGNATURES_KEPT)
 
 
 def signature(grad_fn: Callable) -> _Signature:
@@ -67,13 +66,7 @@ def signature(grad_fn: Callable) -> _Signature:
     code = getattr(grad_fn, "__code__", None)
     if code is None or inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__"):
         return _signature_of_parameters(_parameters(grad_fn))
-    if code in _SIGNATURES:
-        _SIGNATURES.move_to_end(code)
-        return _SIGNATURES[code]
-    found = _SIGNATURES[code] = _signature_of_parameters(_parameters(grad_fn))
-    if len(_SIGNATURES) > SIGNATURES_KEPT:
-        _SIGNATURES.popitem(last=False)
-    return found
+    return _SIGNATURES.get(code) or _SIGNATURES.put(code, _signature_of_parameters(_parameters(grad_fn)))
 
 
 def call(grad_fn: Callable, outputs: Flattened, upstreams: dict[int, Any], variables: list) -> tuple[Any, Any]:
@@ -165,8 +158,8 @@ class Gradient:
     def zero(self, slope_is_negative: bool = True) -> tf.Tensor:
         """The identity's zero of what this gradient covers: the component, or only its gathered rows."""
         if self.indices is None:
-            return identity.zero_with_slope(self.component.tensor, slope_is_negative)
-        rows = tf.gather(self.component.gathers, self.indices)  # the rows alone, never the whole table
+            return identity.zero_with_slope(self.component.tensor, slope_is_negative, self.component.stopped)
+        rows = tf.gather(self.component.unread, self.indices)  # the rows alone, never the whole table
         return identity.zero_with_slope(rows, slope_is_negative)
 
 
@@ -182,7 +175,7 @@ def checked(component: Component, gradient: Any) -> Gradient:
 def _check(values: tf.Tensor, component: Component, rows: bool) -> tf.Tensor:
     """values, checked to be the gradient (or, with ``rows``, gathered rows of it) of the component."""
     dtype, shape, name = component.dtype, component.shape, component.name
-    if not identity.is_inexact(values.dtype) or values.dtype.is_complex != dtype.is_complex:
+    if not identity.is_inexact(values.dtype) or identity.is_complex(values.dtype) != identity.is_complex(dtype):
         raise ValueError(f"grad_fn returned a {values.dtype.name} gradient for {name}, a {dtype.name}.")
     compared = (values.shape[1:], shape[1:]) if rows else (values.shape, shape)
     if not compared[0].is_compatible_with(compared[1]):

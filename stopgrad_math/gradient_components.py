@@ -48,31 +48,39 @@ class Component:
         """The component, read when first needed: a variable whose gradient is sparse is only ever gathered."""
         return None if self.read is None else self.read()
 
-    @property
+    @functools.cached_property
+    def stopped(self) -> tf.Tensor:
+        """stop_gradient of the tensor, made once for every use in one call."""
+        return identity.stop(self.tensor)
+
+    # Cached: a component lives for one call, and eager mode pays for every property read.
+    @functools.cached_property
     def dtype(self) -> tf.DType | None:
         if self.read is None:
             return None
         return tf.as_dtype(self.value.dtype) if _is_variable(self.value) else self.tensor.dtype
 
-    @property
+    @functools.cached_property
     def shape(self) -> tf.TensorShape:
         return tf.TensorShape(self.value.shape) if _is_variable(self.value) else self.tensor.shape
 
-    @property
+    @functools.cached_property
     def differentiable(self) -> bool:
         return self.dtype is not None and identity.is_inexact(self.dtype)
 
     @property
-    def gathers(self) -> Any:
-        """What tf.gather reads rows of: the variable itself (no full read), else the tensor."""
+    def unread(self) -> Any:
+        """The variable itself, where the value is one (gathering rows of it does not read it whole), else the
+        tensor."""
         return self.value if isinstance(self.value, tf.Variable) else self.tensor
 
 
 def _is_variable(value: Any) -> bool:
     # keras.Variable (Keras 3) is TensorFlow's base Tensor type but no tf.Tensor, a ShardedVariable a
     # composite; both are exported only under tf.__internal__, which Keras itself uses for them.
-    variable_types = (tf.Variable, tf.__internal__.types.Tensor, tf.__internal__.distribute.ShardedVariable)
-    return isinstance(value, variable_types) and not isinstance(value, tf.Tensor)
+    if isinstance(value, tf.Tensor):  # first: the protocol checks below are slow
+        return False
+    return isinstance(value, (tf.Variable, tf.__internal__.types.Tensor, tf.__internal__.distribute.ShardedVariable))
 
 
 def of(name: str, value: Any) -> Component:
@@ -123,23 +131,24 @@ class Flattened:
 
     structure: Any
     components: list[Component]
+    flat: bool = False  # a list or tuple of leaves, rebuilt without nest's cost in eager
 
     @classmethod
     def of(cls, structure: Any, prefix: str) -> Flattened:
         """Leaves named ``prefix[path]``; a lone leaf is named ``prefix``."""
         if not tf.nest.is_nested(structure):
             return cls(structure, [of(prefix, structure)])
-        if isinstance(structure, (list, tuple)) and not any(tf.nest.is_nested(leaf) for leaf in structure):
-            paths = enumerate(structure)  # the common flat argument list, without nest's cost in eager
-        else:
-            paths = nest.flatten_with_joined_string_paths(structure)
-        return cls(structure, [of(f"{prefix}[{path}]", leaf) for path, leaf in paths])
+        flat = type(structure) in (list, tuple) and not any(tf.nest.is_nested(leaf) for leaf in structure)
+        paths = enumerate(structure) if flat else nest.flatten_with_joined_string_paths(structure)
+        return cls(structure, [of(f"{prefix}[{path}]", leaf) for path, leaf in paths], flat)
 
-    @property
+    @functools.cached_property
     def differentiable(self) -> list[int]:
         return [i for i, c in enumerate(self.components) if c.differentiable]
 
     def with_tensors(self, tensors: dict[int, tf.Tensor]) -> Any:
         """The structure with each component ``i`` in ``tensors`` replaced."""
         leaves = [c.rebuild(tensors[i]) if i in tensors else c.value for i, c in enumerate(self.components)]
+        if self.flat:
+            return type(self.structure)(leaves)
         return tf.nest.pack_sequence_as(self.structure, leaves) if tf.nest.is_nested(self.structure) else leaves[0]

@@ -22,6 +22,7 @@ agree for the same shapes; a run-time misfit fails with the static words.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 
@@ -62,17 +63,34 @@ def _misfit(name: str, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape
     )
 
 
-def candidates(name: str, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> list[Layout]:
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The layouts a gx may be read by, first fitting first; ``static``: fully known shapes decided, and
+    ``layouts[0]`` is the layout (no op decides)."""
+
+    layouts: tuple[Layout, ...]
+    static: bool
+
+
+def candidates(name: str, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> Choice:
     """The layouts to choose from: the one that fits where shapes are known, else all that may fit.
 
     Raises ValueError, naming the argument and the shapes, where none may fit.
     """
-    layouts = [layout for layout in Layout if _may_fit(layout, fx, x, gx)]
-    if not layouts:
+    static = fx.is_fully_defined() and x.is_fully_defined() and gx.is_fully_defined()
+    if static:
+        choice = _static_choice(tuple(fx.as_list()), tuple(x.as_list()), tuple(gx.as_list()))
+    else:
+        choice = Choice(tuple(layout for layout in Layout if _may_fit(layout, fx, x, gx)), static=False)
+    if not choice.layouts:
         raise ValueError(_misfit(name, fx, x, gx))
-    if all(shape.is_fully_defined() for shape in (fx, x, gx)):
-        return layouts[:1]
-    return layouts
+    return choice
+
+
+@functools.lru_cache(maxsize=1024)  # eager calls see the same few shapes again and again
+def _static_choice(fx: tuple, x: tuple, gx: tuple) -> Choice:
+    shapes = tf.TensorShape(fx), tf.TensorShape(x), tf.TensorShape(gx)
+    return Choice(next(((layout,) for layout in Layout if _may_fit(layout, *shapes)), ()), static=True)
 
 
 def _contract(layout: Layout, zero_term: tf.Tensor, fx: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
@@ -93,15 +111,16 @@ def _contract(layout: Layout, zero_term: tf.Tensor, fx: tf.Tensor, x: tf.Tensor)
     return total / tf.cast(size, total.dtype)
 
 
-def zero_term(name: str, layouts: list[Layout], fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor) -> tf.Tensor:
+def zero_term(name: str, choice: Choice, fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor,
+              x_stopped: tf.Tensor) -> tf.Tensor:
     """The identity's term for one argument: +0.0 in value, broadcasting to fx, derivative gx in its layout.
 
-    ``layouts`` is ``candidates(...)``'s answer for these tensors; gx is
-    already in fx's dtype and stopped as the caller wants.
+    ``choice`` is ``candidates(...)``'s answer for these tensors; gx is
+    already in fx's dtype and stopped as the caller wants; ``x_stopped`` is stop(x).
     """
-    if all(t.shape.is_fully_defined() for t in (fx, x, gx)):  # static shapes decided
-        return _contract(layouts[0], identity.negative_zero_term(gx, x, fx.dtype), fx, x)
-    return _RunTime(name, layouts, fx, x, gx).term()
+    if choice.static:
+        return _contract(choice.layouts[0], identity.negative_zero_term(gx, x, fx.dtype, x_stopped), fx, x)
+    return _RunTime(name, choice.layouts, fx, x, gx, x_stopped).term()
 
 
 class _RunTime:
@@ -109,9 +128,10 @@ class _RunTime:
     on fx, x and gx where it is the first that fits the run-time shapes and on a
     single zero elsewhere (``shape_checks.reshaped_where``), and the terms added."""
 
-    def __init__(self, name: str, layouts: list[Layout], fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor):
+    def __init__(self, name: str, layouts: tuple[Layout, ...], fx: tf.Tensor, x: tf.Tensor, gx: tf.Tensor,
+                 x_stopped: tf.Tensor):
         self.gx, self.dtype = gx, fx.dtype
-        self.minus_u = identity.zero_with_slope(x, slope_is_negative=True)
+        self.minus_u = identity.zero_with_slope(x, slope_is_negative=True, stopped=x_stopped)
         self.shapes = [tf.shape(t) for t in (fx, x, gx)]
         self.padded, self.ranks = shape_checks.left_padded(*self.shapes)
         self.selected, taken = {}, tf.constant(False)

@@ -21,6 +21,7 @@ multiply_no_nan, and TensorFlow's own real/imag/complex gradients conjugate.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -29,16 +30,23 @@ from tensorflow.python.eager import record
 
 FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 COMPLEX = (tf.complex64, tf.complex128)
+# Hashed: DType's == is slow, and eager mode asks for every call.
+_FLOATING, _COMPLEX, _INEXACT = frozenset(FLOATS), frozenset(COMPLEX), frozenset(FLOATS + COMPLEX)
 
 
 def is_floating(dtype: tf.DType) -> bool:
     """Whether the dtype is a real floating type."""
-    return dtype.base_dtype in FLOATS
+    return dtype in _FLOATING or dtype.base_dtype in _FLOATING
+
+
+def is_complex(dtype: tf.DType) -> bool:
+    """dtype.is_complex, without DType's slow comparisons."""
+    return dtype in _COMPLEX or dtype.base_dtype in _COMPLEX  # base_dtype: a TF1 reference dtype
 
 
 def is_inexact(dtype: tf.DType) -> bool:
     """Whether the identity can carry a gradient in this dtype (real floating or complex)."""
-    return dtype.base_dtype in FLOATS + COMPLEX
+    return dtype in _INEXACT or dtype.base_dtype in _INEXACT
 
 
 def to_tensor(value: Any, what: str, dtype_hint: tf.DType | None = None) -> tf.Tensor:
@@ -69,10 +77,54 @@ def inexact_tensor(value: Any, what: str, dtype_hint: tf.DType | None = None, co
     return tensor
 
 
+# The identity's own ops are issued as tf.raw_ops: the same graph ops as tf.subtract, tf.stop_gradient or
+# tf.math.multiply_no_nan, without their dispatch, conversion and type-promotion layers, which cost eager
+# mode two to three times the op itself. Every operand here is already a tensor of the right dtype.
+
+
+def stop(x: tf.Tensor) -> tf.Tensor:
+    """stop_gradient of a tensor.
+
+    No tape records the op (as with tf.stop_gradient), so nothing computed
+    from the result is taken for connected to what it came from.
+    """
+    return stop_each([x])[0]
+
+
+def stop_each(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+    """stop_gradient of each tensor, with the tapes paused once for all of them."""
+    with record.stop_recording():
+        return [tf.raw_ops.StopGradient(input=t) for t in tensors]
+
+
+def subtract(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """a − b, broadcasting, for tensors of one dtype."""
+    return tf.raw_ops.Sub(x=a, y=b)
+
+
+def multiply_no_nan(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """a·b, and +0.0 where b is zero (whatever a is), broadcasting, for tensors of one dtype.
+
+    Its gradient does not conjugate: for complex operands it is TensorFlow's
+    convention only where b is real-valued (see ``times_zero``).
+    """
+    return tf.raw_ops.MulNoNan(x=a, y=b)
+
+
+def cast(x: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """x in ``dtype``; x itself where it has that dtype already."""
+    return x if x.dtype == dtype else tf.raw_ops.Cast(x=x, DstT=dtype)
+
+
 def _is_finite(x: tf.Tensor) -> tf.Tensor:
-    if x.dtype.is_complex:
+    if is_complex(x.dtype):
         return tf.math.is_finite(tf.math.real(x)) & tf.math.is_finite(tf.math.imag(x))
-    return tf.math.is_finite(x)
+    return tf.raw_ops.IsFinite(x=x)
+
+
+def name_scope(name: str) -> contextlib.AbstractContextManager:
+    """tf.name_scope while building a graph; nothing in eager mode, where op names are not kept."""
+    return contextlib.nullcontext() if tf.executing_eagerly() else tf.name_scope(name)
 
 
 def nothing_records() -> bool:
@@ -84,16 +136,34 @@ def nothing_records() -> bool:
     return tf.executing_eagerly() and not record.could_possibly_record()
 
 
-def zero_with_slope(x: tf.Tensor, slope_is_negative: bool) -> tf.Tensor:
-    """Returns x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite."""
-    still = tf.stop_gradient(x)
-    zero = still - x if slope_is_negative else x - still
+def zero_with_slope(x: tf.Tensor, slope_is_negative: bool, stopped: tf.Tensor | None = None) -> tf.Tensor:
+    """Returns x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite.
+
+    ``stopped`` is stop(x) where the caller has it already.
+    """
+    still = stop(x) if stopped is None else stopped
+    zero = subtract(still, x) if slope_is_negative else subtract(x, still)
+    if _finite_in_host_memory(still):
+        return zero
     # inf − inf is NaN: no op sequence can keep both an exact +0.0 value and a
     # gradient at a non-finite element, so there the value wins. multiply_no_nan
     # by a 1/0 mask is that select: its gradient is one op, where tf.where's
     # computes both branches and reduces the unused one (11 ops in eager).
-    finite = tf.cast(_is_finite(still), x.dtype)  # real 1/0: no conjugation to get wrong
-    return tf.math.multiply_no_nan(zero, finite)
+    finite = tf.raw_ops.Cast(x=_is_finite(still), DstT=x.dtype)  # real 1/0: no conjugation to get wrong
+    return multiply_no_nan(zero, finite)
+
+
+def _finite_in_host_memory(x: tf.Tensor) -> bool:
+    """Whether x is an eager tensor in host memory with every element finite.
+
+    Then the mask above is all ones, and multiplying by it would change no bit
+    of the value or of any derivative: one NumPy pass over x costs less than
+    the mask's five ops (three forward, two backward). A graph keeps the mask,
+    as does a tensor in device memory (reading it would wait for the device).
+    """
+    if not tf.executing_eagerly() or tf.is_symbolic_tensor(x) or "CPU" not in x.backing_device:
+        return False
+    return bool(np.isfinite(x.numpy()).all())
 
 
 def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:
@@ -125,21 +195,21 @@ def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:
     return zero_with_slope(inexact_tensor(x, "zero_with_gradient's x", complex_too=True), slope_is_negative=False)
 
 
-def negative_zero_term(g: tf.Tensor, x: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-    """Returns multiply_no_nan(g, stop(x) − x) in ``dtype``: +0.0, slope −g.
+def negative_zero_term(g: tf.Tensor, x: tf.Tensor, dtype: tf.DType, stopped: tf.Tensor | None = None) -> tf.Tensor:
+    """Returns multiply_no_nan(g, stop(x) − x) in ``dtype``: +0.0, slope −g (``stopped``: stop(x), if made).
 
     Broadcasts g against x as multiplication does. The caller subtracts the
     (reduced) result from the value, which is why the slope is negated: the
     value stays bit-exact (f − (+0.0) == f) and the derivative is +g.
     """
-    return times_zero(g, zero_with_slope(x, slope_is_negative=True), dtype)
+    return times_zero(g, zero_with_slope(x, slope_is_negative=True, stopped=stopped), dtype)
 
 
 def times_zero(g: tf.Tensor, zero: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     """multiply_no_nan(g, zero) in ``dtype``, broadcasting: +0.0 for a zero of any sign, slope g."""
-    if dtype.is_complex:
+    if is_complex(dtype):
         return _complex_product(g, zero, dtype)
-    return tf.math.multiply_no_nan(g, tf.cast(zero, dtype))  # tf.cast returns a tensor of that dtype as it is
+    return multiply_no_nan(g, cast(zero, dtype))
 
 
 def _complex_product(g: tf.Tensor, zero: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
@@ -148,7 +218,7 @@ def _complex_product(g: tf.Tensor, zero: tf.Tensor, dtype: tf.DType) -> tf.Tenso
     g_re, g_im = tf.math.real(g), tf.math.imag(g)
     z_re = tf.cast(tf.math.real(zero), part)  # real() of a real tensor is the tensor itself
     real, imag = tf.math.multiply_no_nan(g_re, z_re), tf.math.multiply_no_nan(g_im, z_re)
-    if zero.dtype.is_complex:
+    if is_complex(zero.dtype):
         z_im = tf.cast(tf.math.imag(zero), part)
         real -= tf.math.multiply_no_nan(g_im, z_im)
         imag += tf.math.multiply_no_nan(g_re, z_im)
@@ -163,7 +233,7 @@ def attach(value: tf.Tensor, zero_terms: list[tf.Tensor]) -> tf.Tensor:
     """
     result = value
     for term in zero_terms:
-        result = result - term
+        result = subtract(result, term)
     if not tf.executing_eagerly():  # a term chosen at run time has no static shape, yet broadcasts to value
         result.set_shape(value.shape)
     return result

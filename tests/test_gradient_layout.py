@@ -32,7 +32,8 @@ J, E, C, U = Layout.JACOBIAN, Layout.ELEMENTWISE, Layout.SCALAR, Layout.SUM
     ],
 )
 def test_fully_known_shapes_select_the_first_layout_that_fits(fx, x, gx, layout):
-    assert candidates("x", S(fx), S(x), S(gx)) == [layout]
+    choice = candidates("x", S(fx), S(x), S(gx))
+    assert choice.layouts == (layout,) and choice.static
 
 
 @pytest.mark.parametrize(
@@ -47,7 +48,8 @@ def test_fully_known_shapes_select_the_first_layout_that_fits(fx, x, gx, layout)
     ],
 )
 def test_unknown_dimensions_keep_every_layout_that_may_fit(fx, x, gx, layouts):
-    assert candidates("x", S(fx), S(x), S(gx)) == layouts
+    choice = candidates("x", S(fx), S(x), S(gx))
+    assert choice.layouts == tuple(layouts) and not choice.static  # one candidate too: XLA drops run-time asserts
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,40 @@
+"""A memo that keeps only its most recently used entries.
+
+The library memoizes what user code makes without end (grad_fn code objects,
+input signatures), so a plain dict could grow for as long as a program runs.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Hashable
+from typing import Any
+
+
+class Recent:
+    """A mapping of at most ``size`` entries; adding one more drops the least recently used."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def get(self, key: Hashable) -> Any:
+        """The value for ``key``, now the most recently used; None where there is none."""
+        if key not in self._entries:
+            return None
+        self._entries.move_to_end(key)
+        return self._entries[key]
+
+    def put(self, key: Hashable, value: Any = True) -> Any:
+        """Keeps ``value`` for ``key``; returns it."""
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return value
