@@ -26,6 +26,8 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 import numpy as np
 import tensorflow as tf
 
+import stopgrad_math as sgm
+
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import cases
 import report
@@ -75,6 +77,14 @@ def compiled(fn, mode):
     return fn if mode == "eager" else tf.function(lambda x: fn(x), jit_compile=(mode == "xla"))
 
 
+def served(fn, mode, x):
+    """fn compiled for mode and traced inside values_only(), as an exported serving signature is."""
+    function = compiled(fn, mode)
+    with sgm.values_only():
+        function(x)  # the trace kept for every later call with x's signature
+    return function
+
+
 class PeakMemory:
     """Bytes by which TF's peak allocation rises above the current one while a call runs."""
 
@@ -111,6 +121,8 @@ def run_case(case, sizes, min_time, memory: PeakMemory) -> list[dict]:
                 calls[(name, "value+grad")] = lambda f=both, x=x: f(x)
                 if mode == "eager" and hasattr(fn, "undecorated"):  # the same f, undecorated
                     calls[(name, "undecorated_forward")] = lambda f=fn.undecorated, x=x: f(x)[0]
+                if mode != "eager" and name in report.SERVED:
+                    calls[(name, report.VALUES_ONLY)] = lambda f=served(fn, mode, x), x=x: f(x)
             medians = interleaved_medians(calls, min_time)
             for name in implementations:
                 row = {"case": case.name, "n": n, "implementation": name, "mode": mode}
@@ -135,6 +147,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
     parser.add_argument("--min-time", type=float, default=0.6, help="seconds of repeats per cell")
     parser.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+    parser.add_argument("--baseline", default=None, help="rows to compare with (default: results/baseline.json)")
     args = parser.parse_args(argv)
     memory = PeakMemory()
     device = _device_name(memory.gpu)
@@ -143,7 +156,9 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = "-gpu" if memory.gpu else ""
-    text = report.markdown(rows, cases.CASES, device, bandwidth, tf.__version__)
+    baseline_path = pathlib.Path(args.baseline or pathlib.Path(__file__).parent / "results" / f"baseline{suffix}.json")
+    baseline = json.loads(baseline_path.read_text())["rows"] if baseline_path.exists() else None
+    text = report.markdown(rows, cases.CASES, device, bandwidth, tf.__version__, baseline, gpu=memory.gpu)
     (out / f"latest{suffix}.md").write_text(text)
     (out / f"latest{suffix}.json").write_text(json.dumps({"device": device, "bandwidth": bandwidth, "rows": rows}))
     report.plot(rows, out / f"latest{suffix}.png")

@@ -47,7 +47,7 @@ def test_every_implementation_matches_plain_autodiff(case, mode):
 def _rows(times: dict) -> list[dict]:
     """Synthetic rows for every case, size and mode: 1 s each unless `times` says otherwise.
 
-    times maps (implementation, phase) to seconds, phase being forward or value+grad.
+    times maps (implementation, phase) to seconds, phase being forward, value+grad or report.VALUES_ONLY.
     """
     rows = []
     for case in cases.CASES:
@@ -57,43 +57,62 @@ def _rows(times: dict) -> list[dict]:
                 for name in implementations:
                     row = {"case": case.name, "n": n, "implementation": name, "mode": mode,
                            "peak_bytes": 2**20 if n == 10**5 else None}
-                    row.update({phase: times.get((name, phase), 1.0) for phase in report.PHASES})
+                    phases = report.PHASES + ((report.VALUES_ONLY,) if name in report.SERVED and mode != "eager" else ())
+                    row.update({phase: times.get((name, phase), 1.0) for phase in phases})
                     if name == report.DECORATOR and mode == "eager":
                         row["undecorated_forward"] = 1.0
                     rows.append(row)
     return rows
 
 
-def _targets(rows: list[dict]) -> list[str]:
-    text = report.markdown(rows, cases.CASES, "test device", bandwidth=1e10, tf_version="x")
+def _targets(rows: list[dict], baseline: list[dict] | None = None) -> list[str]:
+    text = report.markdown(rows, cases.CASES, "test device", bandwidth=1e10, tf_version="x", baseline=baseline)
     return [line for line in text.splitlines() if line.startswith("- **")]
+
+
+LABELS = ("identity, log1pexp_exp, eager", "decorator, log1pexp_exp, eager", "faster than tfp", "baseline",
+          "values_only", "undecorated f", "order=2")
 
 
 def test_report_says_met_when_every_target_holds():
     fast = {(report.IDENTITY, phase): 0.5 for phase in report.PHASES}
-    targets = _targets(_rows(fast))
-    assert len(targets) == 5
-    assert all(line.endswith(": met.") for line in targets), targets
+    rows = _rows(fast)
+    targets = _targets(rows, baseline=rows)
+    assert len(targets) == len(LABELS)
+    for line, label in zip(targets, LABELS, strict=True):
+        assert label in line and line.endswith(": met."), line
 
 
 def test_report_counts_each_missed_cell():
     slow = {(report.IDENTITY, "forward"): 0.5, (report.IDENTITY, "value+grad"): 1.2,
-            (report.DECORATOR, "value+grad"): 1.2, (report.DECORATOR, "forward"): 1.1}
-    targets = _targets(_rows(slow))
-    # Identity vs tfp: value+grad is slower in 2 cases x 2 sizes x 3 modes of the 24 identity cells x 2 phases.
-    assert "NOT met in 12 of 24 cells" in targets[0]
-    # Within 1.05x at n >= 1e5, graph modes: identity (2 cases) and decorator (4 cases), 2 modes each, all 1.2x.
-    assert "NOT met in 12 of 12 cells" in targets[1]
-    assert "within 1.3×" in targets[2] and targets[2].endswith(": met.")
-    # Nothing watching: the decorator's forward is 1.1x the undecorated f in every eager cell.
-    assert "NOT met in 8 of 8 cells" in targets[3]
-    # order=2 (1 s) against a 1.2 s order=1: within 1.05x everywhere.
-    assert targets[4].endswith(": met.")
+            (report.DECORATOR, "value+grad"): 1.8, (report.DECORATOR, "forward"): 1.1,
+            (report.DECORATOR, report.VALUES_ONLY): 1.06}
+    targets = _targets(_rows(slow), baseline=_rows({}))
+    assert "NOT met in 1 of 1 cells" in targets[0]  # identity 1.2x > 1.15x at n = 1, eager, worst case
+    assert "NOT met in 1 of 1 cells" in targets[1]  # decorator 1.8x > 1.75x
+    # Identity vs tfp in eager: value+grad slower in 3 cases with both (2 sizes each) of 6 cells x 2 phases.
+    assert "NOT met in 6 of 12 cells" in targets[2]
+    # Against a baseline of 1 s everywhere, graph modes: value+grad 1.2x (identity, 3 cases) and 1.8x (decorator,
+    # 5 cases), 2 sizes and 2 modes each, of 12 implementations of ours x 2 sizes x 2 modes x 2 phases.
+    assert "NOT met in 32 of 96 cells" in targets[3] and "1.80× now, 1.00× before" in "\n".join(_report_lines(slow))
+    # values_only at the largest n, function and XLA: the decorator (5 cases) at 1.06x of plain f; identity (3) not.
+    assert "NOT met in 10 of 16 cells" in targets[4]
+    assert "NOT met in 10 of 10 cells" in targets[5]  # forward 1.1x the undecorated f, every eager cell
+    assert targets[6].endswith(": met.")  # order=2 (1 s) against a 1.8 s order=1
+
+
+def _report_lines(times: dict) -> list[str]:
+    return report.markdown(_rows(times), cases.CASES, "d", 1e10, "x", baseline=_rows({})).splitlines()
 
 
 def test_report_counts_order_two_cells_slower_than_order_one():
     targets = _targets(_rows({(cases.ORDER_2, "value+grad"): 1.1}))
-    assert "order=2" in targets[4] and "NOT met in 12 of 12 cells" in targets[4]  # 2 cases x 2 sizes x 3 modes
+    assert "order=2" in targets[6] and "NOT met in 18 of 18 cells" in targets[6]  # 3 cases x 2 sizes x 3 modes
+
+
+def test_report_says_when_there_is_no_baseline_and_no_gpu():
+    text = report.markdown(_rows({}), cases.CASES, "d", 1e10, "x")
+    assert "no baseline rows to compare with" in text and "No GPU was available" in text
 
 
 def test_run_writes_tables_plot_and_rows(tmp_path):
@@ -103,9 +122,11 @@ def test_run_writes_tables_plot_and_rows(tmp_path):
     text = (tmp_path / "latest.md").read_text()
     for case in cases.CASES:
         assert f"## {case.name}" in text
-    assert text.count("- **") == 5
+    assert text.count("- **") == len(LABELS)
     rows = json.loads((tmp_path / "latest.json").read_text())["rows"]
     expected = sum(len(case.setup(1)[0]) for case in cases.CASES) * len(run.MODES)
     assert len(rows) == expected
     assert all(row["forward"] > 0 and row["value+grad"] > 0 and row["peak_bytes"] >= 0 for row in rows)
+    served = [row for row in rows if row["implementation"] in report.SERVED and row["mode"] != "eager"]
+    assert served and all(row[report.VALUES_ONLY] > 0 for row in served)
     assert (tmp_path / "latest.png").stat().st_size > 10_000

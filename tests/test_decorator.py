@@ -835,8 +835,32 @@ def test_grad_fn_nonzero_at_zero_is_refused():
     def shifted(x):
         return x, lambda dy: dy + 1.0
 
-    with pytest.raises(ValueError, match=r"grad_fn\(0\) is not zero"):
-        vjp(shifted, tf.constant([1.0]))
+    for _ in range(2):  # a failed check is made again at the next call, never remembered as passed
+        with pytest.raises(ValueError, match=r"grad_fn\(0\) is not zero"):
+            vjp(shifted, tf.constant([1.0]))
+
+
+def test_eager_checks_grad_fn_at_zero_once_per_signature_as_a_trace_would():
+    upstreams = []
+
+    @custom_gradient
+    def double_sum(x, scale):
+        def grad(dy):
+            upstreams.append(float(dy))
+            return dy * 2.0 * scale * tf.ones_like(x)
+
+        return tf.reduce_sum(x * 2.0 * scale), grad
+
+    def gradient(x, scale):
+        upstreams.clear()
+        g = vjp(lambda x: double_sum(x, scale), x)
+        np.testing.assert_array_equal(g, np.full(x.shape, 2.0 * scale))
+        return list(upstreams)
+
+    assert gradient(tf.ones([3]), 1.0) == [0.0, 1.0]  # first call: grad_fn(0) checked, then J = grad_fn(1)
+    assert gradient(tf.ones([3]) * 5, 1.0) == [1.0]  # same shapes and constants: checked already
+    assert gradient(tf.ones([4]), 1.0) == [0.0, 1.0]  # a new shape, as a new trace
+    assert gradient(tf.ones([3]), 3.0) == [0.0, 1.0]  # a new constant argument, as a new trace
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])

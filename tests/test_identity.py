@@ -61,6 +61,24 @@ def test_zero_with_gradient_guards_non_finite_x_in_every_dtype(dtype, mode):
         np.testing.assert_array_equal(tf.cast(derivative, tf.float64), want)
 
 
+def test_eager_finite_tensors_skip_the_mask_and_change_no_bit():
+    """Eagerly, a finite x in host memory needs no finite mask: value, gradient and JVP are the graph's
+    (which keeps the mask), bit for bit, for g with inf and upstreams with zeros."""
+    x = tf.constant([-0.0, 1e-40, 3.0, -5e30])
+    g, upstream = tf.constant([np.inf, 2.0, -0.0, 7.0]), tf.constant([0.0, 1.0, -2.0, 3.0])
+    f = tf.constant([-0.0, np.nan, 1.0, np.inf])
+
+    def parts(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            h = attach(f, [negative_zero_term(g, x, tf.float32)])
+        return h, tape.gradient(h, x, output_gradients=upstream), jvp(lambda x: attach(
+            f, [negative_zero_term(g, x, tf.float32)]), x, upstream)
+
+    for eager, graph in zip(parts(x), tf.function(parts)(x), strict=True):
+        np.testing.assert_array_equal(bits(eager), bits(graph))
+
+
 def test_negative_zero_term_is_positive_zero_with_slope_minus_g():
     g = tf.constant([np.inf, np.nan, -2.0, 3.0])
     x = tf.constant([1.0, 2.0, 3.0, -0.0])
