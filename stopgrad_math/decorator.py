@@ -33,9 +33,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import record
 
-from stopgrad_math import grad_fn_conventions, gradient_components, identity, inference, linearity, recent
+from stopgrad_math import _tf_internal, grad_fn_conventions, gradient_components, identity, inference, linearity, recent
 from stopgrad_math.grad_fn_conventions import Gradient
 from stopgrad_math.gradient_components import Component, Flattened
 
@@ -122,7 +121,7 @@ def _evaluate(f: Callable, args: tuple, kwargs: dict, order: int) -> _Plan:
         # at half speed, which makes J·v exact to second order.
         components = arguments.components
         at = {i: t + identity.zero_with_slope(components[i].tensor, False, t) / 2 for i, t in at.items()}
-    with record.VariableWatcher() as watcher:
+    with _tf_internal.VariableWatcher() as watcher:
         y, grad_fn = _call_f(f, tuple(arguments.with_tensors(at)), kwargs)
     watched = watcher.watched_variables()
     outputs = _outputs(y)
@@ -229,7 +228,7 @@ def _jacobian_times_zeros(plan: _Plan) -> dict[int, list[tf.Tensor]]:
     with tf.GradientTape(watch_accessed_variables=False, persistent=not tf.executing_eagerly()) as inner:
         inner.watch(watched)
         gradients = plan.gradients(upstreams)
-        recorded = [record.should_record_backprop([g.values]) for g in gradients]
+        recorded = [_tf_internal.should_record_backprop([g.values]) for g in gradients]
     reached = [r and _has_derivative(inner, g, watched) for g, r in zip(gradients, recorded, strict=True)]
     linearity.check_at_zero([g.values for g in gradients], [g.name for g in gradients])
     connected = [g for g, r in zip(gradients, reached, strict=True) if r]
@@ -293,7 +292,7 @@ def _value_alone(f: Callable, args: tuple, kwargs: dict) -> Any:
     """values_only(): f's y, not differentiable w.r.t. the arguments or the variables f reads; no grad_fn call."""
     args, kwargs = _positional(f, args, kwargs)
     arguments = Flattened.of(list(args), "args")
-    with record.VariableWatcher() as watcher:
+    with _tf_internal.VariableWatcher() as watcher:
         y = _call_f(f, args, kwargs)[0]
     sources = [arguments.components[i].unread for i in arguments.differentiable] + list(watcher.watched_variables())
     return inference.undifferentiable(y, sources)

@@ -6,9 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.util import nest
 
-from stopgrad_math import decorator, gradient_layout, identity, inference, shape_checks
+from stopgrad_math import _tf_internal, decorator, gradient_layout, identity, inference, shape_checks
 
 
 def _require_inexact(dtype: tf.DType, what: str, fx_dtype: tf.DType) -> None:
@@ -46,8 +45,8 @@ def _pairs(gx: Any, x: Any) -> list[tuple[str, Any, Any]]:
     """Returns (name, gx leaf, x leaf) for each leaf of x; x's structure names them."""
     if not tf.nest.is_nested(x):
         return [("x", gx, x)]
-    x_paths = nest.flatten_with_joined_string_paths(x)
-    gx_paths = nest.flatten_with_joined_string_paths(gx) if tf.nest.is_nested(gx) else []
+    x_paths = _tf_internal.flatten_with_joined_string_paths(x)
+    gx_paths = _tf_internal.flatten_with_joined_string_paths(gx) if tf.nest.is_nested(gx) else []
     # Same paths means the same structure, a list and a tuple being alike.
     if [path for path, _ in x_paths] != [path for path, _ in gx_paths]:
         raise ValueError(f"gx must have the structure of x.\n  x:  {x}\n  gx: {gx}")

@@ -26,9 +26,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import nest
 
-from stopgrad_math import identity
+from stopgrad_math import _tf_internal, identity
 
 _CONSTANTS = (type(None), bool, int, float, complex, str, bytes, np.ndarray, np.generic, tf.DType, tf.TensorShape)
 _COMPOSITES = (tf.RaggedTensor, tf.SparseTensor, tf.IndexedSlices)
@@ -77,10 +76,10 @@ class Component:
 
 def _is_variable(value: Any) -> bool:
     # keras.Variable (Keras 3) is TensorFlow's base Tensor type but no tf.Tensor, a ShardedVariable a
-    # composite; both are exported only under tf.__internal__, which Keras itself uses for them.
+    # composite (see _tf_internal).
     if isinstance(value, tf.Tensor):  # first: the protocol checks below are slow
         return False
-    return isinstance(value, (tf.Variable, tf.__internal__.types.Tensor, tf.__internal__.distribute.ShardedVariable))
+    return isinstance(value, (tf.Variable, _tf_internal.TensorProtocol, _tf_internal.ShardedVariable))
 
 
 def of(name: str, value: Any) -> Component:
@@ -139,7 +138,7 @@ class Flattened:
         if not tf.nest.is_nested(structure):
             return cls(structure, [of(prefix, structure)])
         flat = type(structure) in (list, tuple) and not any(tf.nest.is_nested(leaf) for leaf in structure)
-        paths = enumerate(structure) if flat else nest.flatten_with_joined_string_paths(structure)
+        paths = enumerate(structure) if flat else _tf_internal.flatten_with_joined_string_paths(structure)
         return cls(structure, [of(f"{prefix}[{path}]", leaf) for path, leaf in paths], flat)
 
     @functools.cached_property

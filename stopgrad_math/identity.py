@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import record
+
+from stopgrad_math import _tf_internal
 
 FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 COMPLEX = (tf.complex64, tf.complex128)
@@ -93,7 +94,7 @@ def stop(x: tf.Tensor) -> tf.Tensor:
 
 def stop_each(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
     """stop_gradient of each tensor, with the tapes paused once for all of them."""
-    with record.stop_recording():
+    with _tf_internal.stop_recording():
         return [tf.raw_ops.StopGradient(input=t) for t in tensors]
 
 
@@ -133,7 +134,7 @@ def nothing_records() -> bool:
     Then nothing computed now can ever be differentiated, so the identity can
     return the value alone.
     """
-    return tf.executing_eagerly() and not record.could_possibly_record()
+    return tf.executing_eagerly() and not _tf_internal.could_possibly_record()
 
 
 def zero_with_slope(x: tf.Tensor, slope_is_negative: bool, stopped: tf.Tensor | None = None) -> tf.Tensor:

@@ -24,9 +24,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.eager import record
 
-from stopgrad_math import gradient_components
+from stopgrad_math import _tf_internal, gradient_components
 
 _ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("stopgrad_math_values_only", default=False)
 
@@ -74,7 +73,7 @@ def values_only() -> Iterator[None]:
 
 
 def _refuse_if_recording(what: str) -> None:
-    if record.could_possibly_record():
+    if _tf_internal.could_possibly_record():
         raise RuntimeError(
             f"{what} while a GradientTape or ForwardAccumulator is recording: inside "
             "stopgrad_math.values_only() values have no gradient. Take gradients outside values_only()."

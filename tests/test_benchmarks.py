@@ -57,7 +57,8 @@ def _rows(times: dict) -> list[dict]:
                 for name in implementations:
                     row = {"case": case.name, "n": n, "implementation": name, "mode": mode,
                            "peak_bytes": 2**20 if n == 10**5 else None}
-                    phases = report.PHASES + ((report.VALUES_ONLY,) if name in report.SERVED and mode != "eager" else ())
+                    served = name in report.SERVED and mode != "eager"
+                    phases = report.PHASES + ((report.VALUES_ONLY,) if served else ())
                     row.update({phase: times.get((name, phase), 1.0) for phase in phases})
                     if name == report.DECORATOR and mode == "eager":
                         row["undecorated_forward"] = 1.0

@@ -1,0 +1,40 @@
+"""Every TensorFlow API outside ``tf.*``'s public surface that the library uses, in one place.
+
+Each name says why no public API does the job. All were checked against
+TensorFlow 2.21 (the newest version ``setup.cfg`` allows);
+``tests/test_tf_internal.py`` imports each one and checks what the library
+relies on, on every version the test suite runs with.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.eager import record as _record
+from tensorflow.python.util import nest as _nest
+
+could_possibly_record = _record.could_possibly_record
+"""Whether any GradientTape or ForwardAccumulator is active on this thread. Public code can only ask one tape
+(``tape._recording`` is private too); the identity returns the value alone when nothing can record."""
+
+stop_recording = _record.stop_recording
+"""Pauses every tape and accumulator on the thread. ``GradientTape.stop_recording`` pauses one tape, which the
+library does not hold; ``tf.stop_gradient`` pauses them all this way, one op at a time."""
+
+should_record_backprop = _record.should_record_backprop
+"""Whether an active tape records ops on these tensors: the decorator's test of whether grad_fn's result depends
+on the upstream at all (``tape.gradient`` would answer only after computing it)."""
+
+VariableWatcher = _record.VariableWatcher
+"""The variables a function reads, as tf.custom_gradient finds them for ``grad_fn(..., variables=...)``. A
+GradientTape's ``watched_variables`` also holds variables watched before and records the ops besides."""
+
+flatten_with_joined_string_paths = _nest.flatten_with_joined_string_paths
+"""A nested structure's leaves with their paths ("a/0"), for error messages that name the argument. ``tf.nest``
+exports no path-aware flatten."""
+
+TensorProtocol = tf.__internal__.types.Tensor
+"""TensorFlow's base type of every tensor-like value; ``keras.Variable`` (Keras 3) is one without being a
+``tf.Tensor`` or a ``tf.Variable``. Keras itself checks for it under this name."""
+
+ShardedVariable = tf.__internal__.distribute.ShardedVariable
+"""A variable split over parameter servers: a composite, neither ``tf.Variable`` nor ``tf.Tensor``."""

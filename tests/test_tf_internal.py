@@ -1,0 +1,54 @@
+"""The private TensorFlow APIs the library uses: all in one module, and each doing what the library relies on,
+on the TensorFlow version this suite runs with."""
+
+import pathlib
+import re
+
+import keras
+import tensorflow as tf
+
+import stopgrad_math
+from stopgrad_math import _tf_internal
+
+PACKAGE = pathlib.Path(stopgrad_math.__file__).parent
+
+
+def test_no_other_module_reaches_past_the_public_api():
+    private = re.compile(r"tensorflow\.python|__internal__|\bfrom tensorflow\.[a-z_]+ import")
+    offenders = [p.name for p in PACKAGE.glob("*.py") if p.name != "_tf_internal.py" and private.search(p.read_text())]
+    assert offenders == []
+
+
+def test_recording_is_seen_and_can_be_paused():
+    x = tf.constant(2.0)
+    assert not _tf_internal.could_possibly_record()
+    with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)):
+        assert _tf_internal.could_possibly_record()
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        assert _tf_internal.could_possibly_record()
+        recorded = x * 3.0
+        with _tf_internal.stop_recording():
+            unrecorded = x * 3.0
+        assert _tf_internal.should_record_backprop([recorded])
+        assert not _tf_internal.should_record_backprop([unrecorded])
+    assert float(tape.gradient(recorded, x)) == 3.0 and tape.gradient(unrecorded, x) is None
+
+
+def test_variable_watcher_sees_the_variables_read():
+    a, b = tf.Variable(1.0), tf.Variable(2.0)
+    with _tf_internal.VariableWatcher() as watcher:
+        a * 2.0
+    assert [v.ref() for v in watcher.watched_variables()] == [a.ref()]
+    assert b.ref() not in {v.ref() for v in watcher.watched_variables()}
+
+
+def test_paths_name_the_leaves():
+    paths = _tf_internal.flatten_with_joined_string_paths({"b": [1, 2], "a": 3})
+    assert paths == [("a", 3), ("b/0", 1), ("b/1", 2)]
+
+
+def test_variable_types():
+    variable = keras.Variable(1.0)
+    assert isinstance(variable, _tf_internal.TensorProtocol) and not isinstance(variable, (tf.Tensor, tf.Variable))
+    assert isinstance(_tf_internal.ShardedVariable, type) and not issubclass(_tf_internal.ShardedVariable, tf.Variable)
