@@ -42,7 +42,7 @@ def is_floating(dtype: tf.DType) -> bool:
 
 def is_complex(dtype: tf.DType) -> bool:
     """dtype.is_complex, without DType's slow comparisons."""
-    return dtype in _COMPLEX or dtype.base_dtype in _COMPLEX  # base_dtype: a TF1 reference dtype
+    return (dtype if dtype in _INEXACT else dtype.base_dtype) in _COMPLEX  # base_dtype: a TF1 reference dtype
 
 
 def is_inexact(dtype: tf.DType) -> bool:
@@ -93,8 +93,16 @@ def stop(x: tf.Tensor) -> tf.Tensor:
 
 
 def stop_each(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
-    """stop_gradient of each tensor, with the tapes paused once for all of them."""
+    """stop_gradient of each tensor, with the tapes paused once for all of them.
+
+    Eagerly, a tensor that no tape or accumulator saw being made is stopped
+    for all of them, whatever op made it: one IdentityN makes them all, where
+    StopGradient would take an op each. A graph keeps StopGradient, which is
+    what ``tf.gradients`` and a function's gradient read.
+    """
     with _tf_internal.stop_recording():
+        if tf.executing_eagerly() and len(tensors) > 1:
+            return list(tf.raw_ops.IdentityN(input=tensors))
         return [tf.raw_ops.StopGradient(input=t) for t in tensors]
 
 

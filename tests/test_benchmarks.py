@@ -57,7 +57,7 @@ def _rows(times: dict) -> list[dict]:
                 for name in implementations:
                     row = {"case": case.name, "n": n, "implementation": name, "mode": mode,
                            "peak_bytes": 2**20 if n == 10**5 else None}
-                    served = name in report.SERVED and mode != "eager"
+                    served = name in (*report.SERVED, report.PLAIN) and mode != "eager"
                     phases = report.PHASES + ((report.VALUES_ONLY,) if served else ())
                     row.update({phase: times.get((name, phase), 1.0) for phase in phases})
                     if name == report.DECORATOR and mode == "eager":
@@ -128,6 +128,6 @@ def test_run_writes_tables_plot_and_rows(tmp_path):
     expected = sum(len(case.setup(1)[0]) for case in cases.CASES) * len(run.MODES)
     assert len(rows) == expected
     assert all(row["forward"] > 0 and row["value+grad"] > 0 and row["peak_bytes"] >= 0 for row in rows)
-    served = [row for row in rows if row["implementation"] in report.SERVED and row["mode"] != "eager"]
+    served = [row for row in rows if row["implementation"] in (*report.SERVED, report.PLAIN) and row["mode"] != "eager"]
     assert served and all(row[report.VALUES_ONLY] > 0 for row in served)
     assert (tmp_path / "latest.png").stat().st_size > 10_000
