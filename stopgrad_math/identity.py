@@ -152,7 +152,7 @@ def zero_with_slope(x: tf.Tensor, slope_is_negative: bool, stopped: tf.Tensor | 
     """
     still = stop(x) if stopped is None else stopped
     zero = subtract(still, x) if slope_is_negative else subtract(x, still)
-    if _finite_in_host_memory(still):
+    if _finite_in_host_memory(x):  # x, not still: the caller's tensor may have been read on the host before
         return zero
     # inf − inf is NaN: no op sequence can keep both an exact +0.0 value and a
     # gradient at a non-finite element, so there the value wins. multiply_no_nan
