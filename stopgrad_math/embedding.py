@@ -10,8 +10,12 @@ import tensorflow as tf
 from stopgrad_math import _tf_internal, decorator, gradient_layout, identity, inference, shape_checks
 
 
-def _require_inexact(dtype: tf.DType, what: str, fx_dtype: tf.DType) -> None:
-    """fx, x and gx are floating or complex; a real fx takes only real x and gx."""
+def _require_inexact(dtype: tf.DType, what: str, fx_dtype: tf.DType, label: str = "") -> None:
+    """fx, x and gx are floating or complex; a real fx takes only real x and gx. ``what`` names the value,
+    with ``{}`` for the argument's ``label`` (formatted only for an error)."""
+    if dtype is fx_dtype and identity.is_inexact(dtype):  # the common case, in one test (dtypes are interned)
+        return
+    what = what.format(label)
     if not identity.is_inexact(dtype):
         raise TypeError(
             f"custom_gradient needs a floating or complex {what} (float16, bfloat16, float32, float64, "
@@ -253,10 +257,11 @@ def custom_gradient(
 
 def _planned(fx: tf.Tensor, label: str, g: Any, x: Any) -> tuple:
     """(label, layout choice, g, x) for one argument, converted and checked against fx."""
+    dtype = fx.dtype
     x = _tensor_like(x, label)
-    g = _tensor_like(g, f"the gradient for {label}", dtype_hint=fx.dtype)
-    _require_inexact(x.dtype, label, fx.dtype)
-    _require_inexact(g.dtype, f"gradient for {label}", fx.dtype)
+    g = g if isinstance(g, tf.Tensor) else _tensor_like(g, f"the gradient for {label}", dtype_hint=dtype)
+    _require_inexact(x.dtype, "{}", dtype, label)
+    _require_inexact(g.dtype, "gradient for {}", dtype, label)
     return label, gradient_layout.candidates(label, fx.shape, x.shape, g.shape), g, x
 
 

@@ -21,7 +21,9 @@ multiply_no_nan, and TensorFlow's own real/imag/complex gradients conjugate.
 
 from __future__ import annotations
 
+import cmath
 import contextlib
+import math
 from typing import Any
 
 import numpy as np
@@ -122,7 +124,8 @@ def multiply_no_nan(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
 
 def cast(x: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     """x in ``dtype``; x itself where it has that dtype already."""
-    return x if x.dtype == dtype else tf.raw_ops.Cast(x=x, DstT=dtype)
+    same = x.dtype is dtype or x.dtype == dtype  # `is` first: DTypes are interned, and == is slow in eager
+    return x if same else tf.raw_ops.Cast(x=x, DstT=dtype)
 
 
 def _is_finite(x: tf.Tensor) -> tf.Tensor:
@@ -172,7 +175,11 @@ def _finite_in_host_memory(x: tf.Tensor) -> bool:
     """
     if not tf.executing_eagerly() or tf.is_symbolic_tensor(x) or "CPU" not in x.backing_device:
         return False
-    return bool(np.isfinite(x.numpy()).all())
+    values = x.numpy()
+    if values.size <= 16:  # a few elements: Python's isfinite beats two cold NumPy calls
+        isfinite = cmath.isfinite if values.dtype.kind == "c" else math.isfinite
+        return all(map(isfinite, values.ravel().tolist()))
+    return bool(np.isfinite(values).all())
 
 
 def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:

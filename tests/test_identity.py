@@ -61,12 +61,15 @@ def test_zero_with_gradient_guards_non_finite_x_in_every_dtype(dtype, mode):
         np.testing.assert_array_equal(tf.cast(derivative, tf.float64), want)
 
 
-def test_eager_finite_tensors_skip_the_mask_and_change_no_bit():
+@pytest.mark.parametrize("copies", [1, 10], ids=["a few elements", "more than 16"])
+@pytest.mark.parametrize("x_values", [[-0.0, 1e-40, 3.0, -5e30], [-0.0, np.inf, 3.0, np.nan]], ids=["finite", "not"])
+def test_eager_finite_tensors_skip_the_mask_and_change_no_bit(x_values, copies):
     """Eagerly, a finite x in host memory needs no finite mask: value, gradient and JVP are the graph's
-    (which keeps the mask), bit for bit, for g with inf and upstreams with zeros."""
-    x = tf.constant([-0.0, 1e-40, 3.0, -5e30])
-    g, upstream = tf.constant([np.inf, 2.0, -0.0, 7.0]), tf.constant([0.0, 1.0, -2.0, 3.0])
-    f = tf.constant([-0.0, np.nan, 1.0, np.inf])
+    (which keeps the mask), bit for bit, for g with inf and upstreams with zeros; so are they where x is not
+    finite and the mask is kept. Python checks a few elements, NumPy more."""
+    x = tf.constant(x_values * copies, tf.float32)
+    g, upstream = tf.constant([np.inf, 2.0, -0.0, 7.0] * copies), tf.constant([0.0, 1.0, -2.0, 3.0] * copies)
+    f = tf.constant([-0.0, np.nan, 1.0, np.inf] * copies)
 
     def parts(x):
         with tf.GradientTape() as tape:
