@@ -5,7 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEPS := setup.cfg pyproject.toml
 
-.PHONY: demo test lint bench clean
+OLDEST := .venv-oldest
+OLDEST_PINS := .ci/oldest.txt
+
+.PHONY: demo test test-oldest lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +31,20 @@ lint: $(VENV)/.installed-test
 test: lint
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest
 
+# The same suite in an environment of the oldest versions setup.cfg allows; pip's cache is shared with .venv.
+$(OLDEST)/bin/python:
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
+
+$(OLDEST)/.installed: $(OLDEST)/bin/python $(DEPS) $(OLDEST_PINS)
+	$(OLDEST)/bin/python -m pip install --quiet -e ".[test,notebooks]" -c $(OLDEST_PINS)
+	touch $@
+
+test-oldest: $(OLDEST)/.installed
+	TF_CPP_MIN_LOG_LEVEL=2 $(OLDEST)/bin/python -m pytest
+
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,9 +1,9 @@
 """Every TensorFlow API outside ``tf.*``'s public surface that the library uses, in one place.
 
 Each name says why no public API does the job. All were checked against
-TensorFlow 2.21 (the newest version ``setup.cfg`` allows);
-``tests/test_tf_internal.py`` imports each one and checks what the library
-relies on, on every version the test suite runs with.
+TensorFlow 2.18 and 2.21, the oldest and newest versions ``setup.cfg``
+allows: ``tests/test_tf_internal.py`` imports each one and checks what the
+library relies on, in ``make test`` and ``make test-oldest``.
 """
 
 from __future__ import annotations

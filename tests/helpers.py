@@ -7,6 +7,12 @@ import tensorflow as tf
 MODES = ("eager", "function", "xla")
 
 
+def float32_exact(values) -> list[float]:
+    """Each value rounded to float32, so that hypothesis finds it unchanged in a float32 array under NumPy 1.x
+    too (which compares a Python float with a float32 in double precision)."""
+    return [float(np.float32(v)) for v in values]
+
+
 def in_mode(fn, mode: str):
     """Returns fn run eagerly, under tf.function, or under tf.function(jit_compile=True)."""
     if mode == "eager":
