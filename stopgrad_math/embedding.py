@@ -115,7 +115,8 @@ def custom_gradient(
       (with upstream 0, and 1 for a one-element y), not in the backward pass.
       A grad_fn that clips or normalizes cannot be expressed: its
       linearization would be embedded. grad_fn(0) ≠ 0 where that is known
-      while tracing (always in eager) raises ValueError, as does a result
+      while tracing (in eager mode, checked at the first call with each input
+      signature, as a trace would be) raises ValueError, as does a result
       that does not depend on the upstream and is not zero (the zero map,
       J = 0, is accepted); ``check_linearity=True`` also compares
       grad_fn(a·d1 + d2) with a·grad_fn(d1) + grad_fn(d2).

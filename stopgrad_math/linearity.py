@@ -5,8 +5,9 @@ gradient: h's derivative is a fixed linear map J, and J·v is read off grad_fn
 by differentiating it at d = 0. A grad_fn that is not linear (gradient
 clipping, normalization) cannot be expressed: J·v would silently be its
 linearization at zero. These checks catch that: the cheap ones always, where
-the values are known while tracing (always in eager), the superposition test
-on request.
+the values are known while tracing (in eager mode a one-element y's grad_fn(0)
+once per input signature, as a trace would be), the superposition test on
+request.
 """
 
 from __future__ import annotations
