@@ -23,7 +23,7 @@ $(VENV)/.installed-test: $(BIN)/python $(DEPS)
 	touch $@
 
 demo: $(VENV)/.installed-demo
-	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m stopgrad_math
+	TF_CPP_MIN_LOG_LEVEL=3 $(BIN)/python -m stopgrad_math
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
