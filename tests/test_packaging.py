@@ -1,7 +1,13 @@
-"""The package's declared dependencies: `make test-oldest` pins exactly the oldest versions setup.cfg allows."""
+"""The package as users get it: a wheel that builds without warnings and works installed, and `make test-oldest`
+pinning exactly the oldest versions setup.cfg allows."""
 
 import configparser
+import os
 import pathlib
+import re
+import subprocess
+import sys
+import zipfile
 
 from packaging.requirements import Requirement
 
@@ -27,3 +33,37 @@ def test_the_oldest_environment_pins_every_lower_bound():
     pins = _oldest_pins()
     for name, version in lower.items():
         assert pins[name].startswith(version), (name, pins[name], version)
+
+
+# The build backend's warnings (setuptools, distutils); pip's own "WARNING: Location ..." lines are about this
+# machine's pip configuration, not the package.
+BACKEND_WARNING = re.compile(r"warning:|[A-Za-z]Warning\b|[Dd]eprecat")
+
+
+def test_the_wheel_builds_without_warnings_and_works_installed(tmp_path):
+    # PYTHONDONTWRITEBYTECODE makes distutils warn that it skips byte-compiling: a warning about the shell.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
+    build = [sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist"), str(ROOT)]
+    built = subprocess.run(build, capture_output=True, text=True, env=env, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    warnings = [line for line in (built.stdout + built.stderr).splitlines() if BACKEND_WARNING.search(line)]
+    assert warnings == []
+    wheel = next((tmp_path / "dist").glob("*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "stopgrad_math/py.typed" in names and not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+
+    # Installed as a wheel (not editable) into a folder of its own, with this environment's TensorFlow beside it,
+    # and run from elsewhere: the checkout's package cannot stand in for it.
+    site = tmp_path / "site"
+    install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, env=env, timeout=300)
+    env = dict(env, PYTHONPATH=str(site), TF_CPP_MIN_LOG_LEVEL="3")
+    demo = subprocess.run([sys.executable, "-m", "stopgrad_math"], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=300)
+    assert demo.returncode == 0 and "OK:" in demo.stdout, demo.stderr[-2000:]
+    check = ("import stopgrad_math, pathlib; assert pathlib.Path(stopgrad_math.__file__).is_relative_to(r'{site}'); "
+             "[getattr(stopgrad_math, n) for n in stopgrad_math.__all__]; print(len(stopgrad_math.__all__))")
+    imported = subprocess.run([sys.executable, "-c", check.format(site=site)], capture_output=True, text=True,
+                              cwd=tmp_path, env=env, timeout=300)
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    assert int(imported.stdout) == len(__import__("stopgrad_math").__all__)
