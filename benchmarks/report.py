@@ -30,6 +30,10 @@ def _time(seconds: float) -> str:
     return f"{seconds * 1e6:.0f} µs" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms"
 
 
+def _largest_n(rows, case: str) -> int:
+    return max(r["n"] for r in rows if r["case"] == case)
+
+
 def _table(rows, index, case, phase) -> list[str]:
     sizes = sorted({r["n"] for r in rows if r["case"] == case.name})
     lines = ["| implementation | mode | " + " | ".join(f"n = {n:g}" for n in sizes) + " |",
@@ -46,7 +50,7 @@ def _table(rows, index, case, phase) -> list[str]:
 
 
 def _memory_table(rows, index, case) -> list[str]:
-    n = max(r["n"] for r in rows if r["case"] == case.name)
+    n = _largest_n(rows, case.name)
     lines = [f"Peak rise of TF's allocations during value + gradient at n = {n:g} (XLA's own CPU buffers not counted):",
              "",
              "| implementation | eager | function | xla |", "|---|---|---|---|"]
@@ -124,8 +128,8 @@ def _order_two(rows, index) -> list[str]:
 
 def _served(rows, index) -> list[str]:
     """values_only(): forward-only at the largest size within 1.05× of plain f, tf.function and XLA."""
-    cells = [r for r in rows if VALUES_ONLY in r and r["implementation"] != PLAIN
-             and r["n"] == max(q["n"] for q in rows if q["case"] == r["case"])]
+    largest = {case: _largest_n(rows, case) for case in {r["case"] for r in rows}}
+    cells = [r for r in rows if VALUES_ONLY in r and r["implementation"] != PLAIN and r["n"] == largest[r["case"]]]
     cells = [(r, index.get((r["case"], r["n"], PLAIN, r["mode"]))) for r in cells]
     over = [f"{_cell(r, 'forward')}: {r[VALUES_ONLY] / plain[VALUES_ONLY]:.3f}× plain f" for r, plain in cells
             if plain and r[VALUES_ONLY] > 1.05 * plain[VALUES_ONLY]]
@@ -152,7 +156,7 @@ def _served_table(rows, index) -> list[str]:
 def _bandwidth(rows, index, cases, bandwidth) -> list[str]:
     lines = ["", f"Memory-copy bandwidth of this machine (NumPy copy, read + write): {bandwidth / 1e9:.1f} GB/s.", ""]
     for case in cases:
-        n = max(r["n"] for r in rows if r["case"] == case.name)
+        n = _largest_n(rows, case.name)
         for name in (IDENTITY, DECORATOR):
             row = index.get((case.name, n, name, "xla"))
             if row:

@@ -12,10 +12,7 @@ exact answer (computed in float64 and rounded to float32).
 
 from __future__ import annotations
 
-import os
 import sys
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # errors too: the cuInit probe on a machine without a GPU
 
 import numpy as np
 import tensorflow as tf
