@@ -172,10 +172,12 @@ def _finite_in_host_memory(x: tf.Tensor) -> bool:
     of the value or of any derivative: one NumPy pass over x costs less than
     the mask's five ops (three forward, two backward). A graph keeps the mask,
     as does a tensor in device memory (reading it would wait for the device).
+    An eager tensor captured while tracing is a constant of the graph, so its
+    values are known there too.
     """
-    if not tf.executing_eagerly() or tf.is_symbolic_tensor(x) or "CPU" not in x.backing_device:
+    if tf.is_symbolic_tensor(x) or "CPU" not in x.backing_device:
         return False
-    values = x.numpy()
+    values = np.asarray(x)  # a view of the host buffer: no copy
     if values.size <= 16:  # a few elements: Python's isfinite beats two cold NumPy calls
         isfinite = cmath.isfinite if values.dtype.kind == "c" else math.isfinite
         return all(map(isfinite, values.ravel().tolist()))

@@ -83,6 +83,26 @@ def test_eager_finite_tensors_skip_the_mask_and_change_no_bit(x_values, copies):
         np.testing.assert_array_equal(bits(eager), bits(graph))
 
 
+@pytest.mark.parametrize("x_values", [[1.0, -0.0, 5e30], [1.0, np.inf, np.nan]], ids=["finite", "not"])
+def test_an_eager_tensor_captured_by_a_trace_is_read_as_the_constant_it_is(x_values):
+    """A traced function that closes over an eager x captures its values: the mask is left out only where they
+    are finite. Against the same identity traced with x as an argument, which keeps the mask."""
+    x = tf.constant(x_values)
+    g, upstream = tf.constant([np.inf, 2.0, 3.0]), tf.constant([0.0, 1.0, -2.0])
+    f = tf.constant([-0.0, 1.0, np.inf])
+
+    def value_and_grad(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            h = attach(f, [negative_zero_term(g, x, tf.float32)])
+        return h, tape.gradient(h, x, output_gradients=upstream)
+
+    captured, argument = tf.function(lambda: value_and_grad(x))(), tf.function(value_and_grad)(x)
+    for got, want in zip(captured, argument, strict=True):
+        np.testing.assert_array_equal(bits(got), bits(want))
+    np.testing.assert_array_equal(argument[1], np.where(np.isfinite(x_values), [0.0, 2.0, -6.0], 0.0))
+
+
 def test_negative_zero_term_is_positive_zero_with_slope_minus_g():
     g = tf.constant([np.inf, np.nan, -2.0, 3.0])
     x = tf.constant([1.0, 2.0, 3.0, -0.0])
