@@ -8,7 +8,7 @@ DEPS := setup.cfg pyproject.toml
 OLDEST := .venv-oldest
 OLDEST_PINS := .ci/oldest.txt
 
-.PHONY: demo test test-oldest lint bench clean
+.PHONY: demo test test-oldest lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(VENV)/.installed-demo: $(BIN)/python $(DEPS)
 	touch $@
 
 $(VENV)/.installed-test: $(BIN)/python $(DEPS)
-	$(BIN)/python -m pip install --quiet -e ".[test,notebooks]"
+	$(BIN)/python -m pip install --quiet -e ".[test,notebooks,docs]"
 	touch $@
 
 demo: $(VENV)/.installed-demo
@@ -28,7 +28,12 @@ demo: $(VENV)/.installed-demo
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 
-test: lint
+# The API reference, README and notebooks as a site in site/; strict: a broken link or cross-reference, or a
+# public name without a docstring, fails the build (not --quiet, which hides the warnings that --strict counts).
+docs: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=3 $(BIN)/mkdocs build --strict
+
+test: lint docs
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest
 
 # The same suite in an environment of the oldest versions setup.cfg allows; pip's cache is shared with .venv.
@@ -47,4 +52,4 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST) build site .cache *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -223,12 +223,11 @@ def check_gradient(
       per argument and mode, the worst element with both values;
       ``str(report)`` is a table.
 
-    Example:
-
-    >>> def log1pexp(x):
-    ...   return custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x)
-    >>> check_gradient(log1pexp, tf.constant([-3.0, 0.0, 5.0])).passed
-    True
+    Examples:
+        >>> def log1pexp(x):
+        ...   return custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x)
+        >>> check_gradient(log1pexp, tf.constant([-3.0, 0.0, 5.0])).passed
+        True
     """
     _check_options(step, rtol, atol)
     args = [_point(a, i) for i, a in enumerate(args)]
@@ -248,10 +247,9 @@ def check_gradient(
 def assert_gradient(fn: Callable[..., Any], *args: Any, **options: Any) -> GradientReport:
     """Raises AssertionError with check_gradient's table unless it passed; returns the report.
 
-    Example:
-
-    >>> assert_gradient(lambda x: x**2, tf.constant([1.0, 2.0], tf.float64)).passed
-    True
+    Examples:
+        >>> assert_gradient(lambda x: x**2, tf.constant([1.0, 2.0], tf.float64)).passed
+        True
     """
     report = check_gradient(fn, *args, **options)
     if not report.passed:

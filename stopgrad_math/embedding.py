@@ -133,17 +133,16 @@ def custom_gradient(
     * In eager mode with no tape or accumulator active, f's y is returned
       as it is.
 
-    Example:
-
-    >>> @custom_gradient
-    ... def log1pexp(x):
-    ...   e = tf.exp(x)
-    ...   return tf.math.log(1 + e), lambda dy: dy * (1 - 1 / (1 + e))
-    >>> x = tf.constant(100.0)
-    >>> with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)) as acc:
-    ...   y = log1pexp(x)
-    >>> float(acc.jvp(y))  # tf.custom_gradient gives NaN here
-    1.0
+    Examples:
+        >>> @custom_gradient
+        ... def log1pexp(x):
+        ...   e = tf.exp(x)
+        ...   return tf.math.log(1 + e), lambda dy: dy * (1 - 1 / (1 + e))
+        >>> x = tf.constant(100.0)
+        >>> with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)) as acc:
+        ...   y = log1pexp(x)
+        >>> float(acc.jvp(y))  # tf.custom_gradient gives NaN here
+        1.0
 
     **Identity form** (``custom_gradient(fx, gx, x)``): tfp's signature.
     Returns a Tensor with the value of ``fx`` and the derivative ``gx``
@@ -226,14 +225,15 @@ def custom_gradient(
         grad_fn returns the wrong number, shape or dtype of gradients, or is
         detectably not linear.
 
-    Example: log(1 + exp(x)) with its exact gradient at x = 100.
+    Examples:
+        log(1 + exp(x)) with its exact gradient at x = 100.
 
-    >>> x = tf.constant([0.0, 100.0])
-    >>> with tf.GradientTape() as tape:
-    ...   tape.watch(x)
-    ...   y = custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x)
-    >>> tape.gradient(y, x).numpy()
-    array([0.5, 1. ], dtype=float32)
+        >>> x = tf.constant([0.0, 100.0])
+        >>> with tf.GradientTape() as tape:
+        ...   tape.watch(x)
+        ...   y = custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x)
+        >>> tape.gradient(y, x).numpy()
+        array([0.5, 1. ], dtype=float32)
     """
     if gx is None and x is None:
         if fx is None:

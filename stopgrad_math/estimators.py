@@ -22,14 +22,15 @@ def straight_through(forward: Any, backward: Any) -> tf.Tensor:
     element where backward is inf or NaN the value is kept and no gradient
     passes. Nested structures are mapped leaf by leaf.
 
-    Example: round in the forward pass, identity in the backward pass.
+    Examples:
+        round in the forward pass, identity in the backward pass.
 
-    >>> x = tf.constant([0.4, 1.6])
-    >>> with tf.GradientTape() as tape:
-    ...   tape.watch(x)
-    ...   y = straight_through(tf.round(x), x)
-    >>> y.numpy(), tape.gradient(y, x).numpy()
-    (array([0., 2.], dtype=float32), array([1., 1.], dtype=float32))
+        >>> x = tf.constant([0.4, 1.6])
+        >>> with tf.GradientTape() as tape:
+        ...   tape.watch(x)
+        ...   y = straight_through(tf.round(x), x)
+        >>> y.numpy(), tape.gradient(y, x).numpy()
+        (array([0., 2.], dtype=float32), array([1., 1.], dtype=float32))
     """
     try:
         tf.nest.assert_same_structure(forward, backward)
@@ -59,14 +60,13 @@ def scale_gradient(x: Any, scale: Any) -> Any:
     scale can follow a schedule. Nested structures of x are
     mapped leaf by leaf with the same scale.
 
-    Example:
-
-    >>> x = tf.constant([1.0, 2.0])
-    >>> with tf.GradientTape() as tape:
-    ...   tape.watch(x)
-    ...   y = scale_gradient(x, 0.1)
-    >>> tape.gradient(y, x).numpy()
-    array([0.1, 0.1], dtype=float32)
+    Examples:
+        >>> x = tf.constant([1.0, 2.0])
+        >>> with tf.GradientTape() as tape:
+        ...   tape.watch(x)
+        ...   y = scale_gradient(x, 0.1)
+        >>> tape.gradient(y, x).numpy()
+        array([0.1, 0.1], dtype=float32)
     """
     return tf.nest.map_structure(lambda leaf: None if leaf is None else scaled_identity(leaf, scale), x)
 
@@ -74,14 +74,13 @@ def scale_gradient(x: Any, scale: Any) -> Any:
 def reverse_gradient(x: Any, scale: Any = 1.0) -> Any:
     """Returns x with its gradient multiplied by −scale (gradient reversal).
 
-    Example:
-
-    >>> x = tf.constant(3.0)
-    >>> with tf.GradientTape() as tape:
-    ...   tape.watch(x)
-    ...   y = reverse_gradient(x, 0.5)
-    >>> float(tape.gradient(y, x))
-    -0.5
+    Examples:
+        >>> x = tf.constant(3.0)
+        >>> with tf.GradientTape() as tape:
+        ...   tape.watch(x)
+        ...   y = reverse_gradient(x, 0.5)
+        >>> float(tape.gradient(y, x))
+        -0.5
     """
     return scale_gradient(x, _negated(scale))
 
@@ -109,17 +108,18 @@ def magic_box(tau: Any) -> tf.Tensor:
     log-probabilities of the samples it depends on gives score-function
     gradient estimates of any order.
 
-    Example: τ = θ² at θ = 0.3, first derivative 2θ = 0.6, second (2θ)² + 2.
+    Examples:
+        τ = θ² at θ = 0.3, first derivative 2θ = 0.6, second (2θ)² + 2.
 
-    >>> theta = tf.constant(0.3)
-    >>> with tf.GradientTape() as outer:
-    ...   outer.watch(theta)
-    ...   with tf.GradientTape() as inner:
-    ...     inner.watch(theta)
-    ...     box = magic_box(theta**2)
-    ...   first = inner.gradient(box, theta)
-    >>> round(float(first), 6), round(float(outer.gradient(first, theta)), 6)
-    (0.6, 2.36)
+        >>> theta = tf.constant(0.3)
+        >>> with tf.GradientTape() as outer:
+        ...   outer.watch(theta)
+        ...   with tf.GradientTape() as inner:
+        ...     inner.watch(theta)
+        ...     box = magic_box(theta**2)
+        ...   first = inner.gradient(box, theta)
+        >>> round(float(first), 6), round(float(outer.gradient(first, theta)), 6)
+        (0.6, 2.36)
     """
     tau = identity.inexact_tensor(tau, "magic_box's tau")
     return tf.exp(identity.zero_with_slope(tau, slope_is_negative=False))

@@ -201,14 +201,13 @@ def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:
     Returns:
       A Tensor of zeros shaped like ``x`` whose gradient w.r.t. ``x`` is 1.
 
-    Example:
-
-    >>> x = tf.constant([1.0, 2.0])
-    >>> with tf.GradientTape() as tape:
-    ...   tape.watch(x)
-    ...   u = zero_with_gradient(x)
-    >>> u.numpy(), tape.gradient(u, x).numpy()
-    (array([0., 0.], dtype=float32), array([1., 1.], dtype=float32))
+    Examples:
+        >>> x = tf.constant([1.0, 2.0])
+        >>> with tf.GradientTape() as tape:
+        ...   tape.watch(x)
+        ...   u = zero_with_gradient(x)
+        >>> u.numpy(), tape.gradient(u, x).numpy()
+        (array([0., 0.], dtype=float32), array([1., 1.], dtype=float32))
     """
     return zero_with_slope(inexact_tensor(x, "zero_with_gradient's x", complex_too=True), slope_is_negative=False)
 

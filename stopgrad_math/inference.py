@@ -56,13 +56,12 @@ def values_only() -> Iterator[None]:
       RuntimeError: entered, or a function of this library called inside it,
         while a tape or accumulator is recording.
 
-    Example:
-
-    >>> serve = tf.function(lambda x: custom_gradient(tf.exp(x), tf.exp(x), x))
-    >>> with values_only():
-    ...   served = serve.get_concrete_function(tf.TensorSpec([None]))
-    >>> served(tf.constant([0.0, 1.0])).numpy()
-    array([1.       , 2.7182817], dtype=float32)
+    Examples:
+        >>> serve = tf.function(lambda x: custom_gradient(tf.exp(x), tf.exp(x), x))
+        >>> with values_only():
+        ...   served = serve.get_concrete_function(tf.TensorSpec([None]))
+        >>> served(tf.constant([0.0, 1.0])).numpy()
+        array([1.       , 2.7182817], dtype=float32)
     """
     _refuse_if_recording("values_only() cannot be entered")
     token = _ACTIVE.set(True)

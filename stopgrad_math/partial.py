@@ -26,14 +26,15 @@ def partial_custom_gradient(f: Callable[..., Any], g: Callable[..., Any], x: Any
     constant in x. g's shape is read as in ``custom_gradient``; x may be a
     nested structure, g(x, ...) then has the same structure.
 
-    Example: f = x·y with the custom dh/dx = 2y, and dh/dy = x by autodiff.
+    Examples:
+        f = x·y with the custom dh/dx = 2y, and dh/dy = x by autodiff.
 
-    >>> x, y = tf.constant(3.0), tf.constant(5.0)
-    >>> with tf.GradientTape() as tape:
-    ...   tape.watch([x, y])
-    ...   h = partial_custom_gradient(lambda x, y: x * y, lambda x, y: 2 * y, x, y)
-    >>> [float(d) for d in tape.gradient(h, [x, y])]
-    [10.0, 3.0]
+        >>> x, y = tf.constant(3.0), tf.constant(5.0)
+        >>> with tf.GradientTape() as tape:
+        ...   tape.watch([x, y])
+        ...   h = partial_custom_gradient(lambda x, y: x * y, lambda x, y: 2 * y, x, y)
+        >>> [float(d) for d in tape.gradient(h, [x, y])]
+        [10.0, 3.0]
     """
     stopped = stop_gradient(x)
     return custom_gradient(f(stopped, *others), g(stopped, *others), x, fx_gx_manually_stopped=True)

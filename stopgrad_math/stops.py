@@ -16,11 +16,10 @@ def stop_gradient(structure: Any) -> Any:
     tf.Variables, NumPy arrays and Python numbers become stopped Tensors (as
     ``tf.stop_gradient`` makes them); None leaves stay None.
 
-    Example:
-
-    >>> out = stop_gradient({"loc": tf.constant([1.0]), "scale": 2.0, "extra": None})
-    >>> sorted(out), out["scale"].dtype.name, float(out["scale"]), out["extra"]
-    (['extra', 'loc', 'scale'], 'float32', 2.0, None)
+    Examples:
+        >>> out = stop_gradient({"loc": tf.constant([1.0]), "scale": 2.0, "extra": None})
+        >>> sorted(out), out["scale"].dtype.name, float(out["scale"]), out["extra"]
+        (['extra', 'loc', 'scale'], 'float32', 2.0, None)
     """
     return tf.nest.map_structure(_stopped, structure)
 
@@ -50,14 +49,13 @@ def stop_gradient_where(x: Any, mask: Any) -> tf.Tensor:
     broadcasts to x's shape: checked while tracing, or when the graph runs
     where shapes are not known before (ValueError, InvalidArgumentError).
 
-    Example:
-
-    >>> x = tf.constant([1.0, 2.0, 3.0])
-    >>> with tf.GradientTape() as tape:
-    ...   tape.watch(x)
-    ...   y = stop_gradient_where(x, [True, False, True])
-    >>> tape.gradient(y, x).numpy()
-    array([0., 1., 0.], dtype=float32)
+    Examples:
+        >>> x = tf.constant([1.0, 2.0, 3.0])
+        >>> with tf.GradientTape() as tape:
+        ...   tape.watch(x)
+        ...   y = stop_gradient_where(x, [True, False, True])
+        >>> tape.gradient(y, x).numpy()
+        array([0., 1., 0.], dtype=float32)
     """
     x = identity.to_tensor(x, "stop_gradient_where's x")
     mask = _bool_tensor(mask)

@@ -7,6 +7,8 @@ import pathlib
 import re
 import subprocess
 import sys
+import sysconfig
+import venv
 import zipfile
 
 from packaging.requirements import Requirement
@@ -52,18 +54,25 @@ def test_the_wheel_builds_without_warnings_and_works_installed(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "stopgrad_math/py.typed" in names and not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 
-    # Installed as a wheel (not editable) into a folder of its own, with this environment's TensorFlow beside it,
-    # and run from elsewhere: the checkout's package cannot stand in for it.
-    site = tmp_path / "site"
-    install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)]
+    # Installed as a wheel (not editable) into a fresh virtual environment and run from elsewhere, so the
+    # checkout's package cannot stand in for it. Its dependencies are this environment's (a .pth file names its
+    # site-packages), rather than TensorFlow downloaded again; that folder's own .pth files, among them the
+    # editable install's hook, are not read from there.
+    fresh = tmp_path / "fresh"
+    venv.create(fresh, with_pip=False)
+    python = fresh / "bin" / "python"
+    where = [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+    site = pathlib.Path(subprocess.check_output(where, text=True).strip())
+    (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", str(wheel)]
     subprocess.run(install, check=True, capture_output=True, env=env, timeout=300)
-    env = dict(env, PYTHONPATH=str(site), TF_CPP_MIN_LOG_LEVEL="3")
-    demo = subprocess.run([sys.executable, "-m", "stopgrad_math"], capture_output=True, text=True, cwd=tmp_path,
-                          env=env, timeout=300)
+    env = dict(env, TF_CPP_MIN_LOG_LEVEL="3")
+    demo = subprocess.run([python, "-m", "stopgrad_math"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=300)
     assert demo.returncode == 0 and "OK:" in demo.stdout, demo.stderr[-2000:]
     check = ("import stopgrad_math, pathlib; assert pathlib.Path(stopgrad_math.__file__).is_relative_to(r'{site}'); "
              "[getattr(stopgrad_math, n) for n in stopgrad_math.__all__]; print(len(stopgrad_math.__all__))")
-    imported = subprocess.run([sys.executable, "-c", check.format(site=site)], capture_output=True, text=True,
-                              cwd=tmp_path, env=env, timeout=300)
+    imported = subprocess.run([python, "-c", check.format(site=site)], capture_output=True, text=True, cwd=tmp_path,
+                              env=env, timeout=300)
     assert imported.returncode == 0, imported.stderr[-2000:]
     assert int(imported.stdout) == len(__import__("stopgrad_math").__all__)

@@ -1,0 +1,29 @@
+"""mkdocs hooks: the README (the front page), the changelog and the notebooks are pages read from where they
+live in the repository; every public name must have a docstring."""
+
+import inspect
+import logging
+import pathlib
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+log = logging.getLogger("mkdocs.hooks.stopgrad_math")
+
+
+@event_priority(100)  # before mkdocs-jupyter, which makes the notebooks pages
+def on_files(files, config):
+    # mkdocs serves a README.md as its folder's index page.
+    sources = ["README.md", "CHANGELOG.md", *(p.relative_to(ROOT).as_posix() for p in ROOT.glob("notebooks/*.ipynb"))]
+    for source in sources:
+        files.append(File(source, str(ROOT), config.site_dir, config.use_directory_urls))
+    return files
+
+
+def on_pre_build(config):
+    import stopgrad_math  # here, not at the top: TensorFlow loads only when the docs are built
+
+    for name in stopgrad_math.__all__:
+        if not inspect.getdoc(getattr(stopgrad_math, name)):
+            log.warning("stopgrad_math.%s has no docstring: every public name needs one.", name)  # fails --strict
