@@ -27,6 +27,7 @@ demo: $(VENV)/.installed-demo
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The API reference, README and notebooks as a site in site/; strict: a broken link or cross-reference, or a
 # public name without a docstring, fails the build (not --quiet, which hides the warnings that --strict counts).
@@ -52,4 +53,4 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST) build site .cache *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST) build site .cache .mypy_cache *.egg-info .pytest_cache .ruff_cache .hypothesis

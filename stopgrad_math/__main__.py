@@ -13,6 +13,7 @@ exact answer (computed in float64 and rounded to float32).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -32,14 +33,14 @@ def stable_log1pexp(x: tf.Tensor) -> tf.Tensor:
     return stopgrad_math.custom_gradient(value, tf.math.sigmoid(x), x)
 
 
-def value_and_gradient(fn, x: tf.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def value_and_gradient(fn: Callable[[tf.Tensor], tf.Tensor], x: tf.Tensor) -> tuple[np.ndarray, np.ndarray]:
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = fn(x)
     return y.numpy(), tape.gradient(y, x).numpy()
 
 
-def table(points=POINTS) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def table(points: tuple[float, ...] = POINTS) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Returns {column: (values, gradients)} for naive, stopgrad_math and exact."""
     x = tf.constant(points, tf.float32)
     x64 = tf.constant(points, tf.float64)
@@ -54,7 +55,7 @@ def table(points=POINTS) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     }
 
 
-def render(columns: dict[str, tuple[np.ndarray, np.ndarray]], points=POINTS) -> str:
+def render(columns: dict[str, tuple[np.ndarray, np.ndarray]], points: tuple[float, ...] = POINTS) -> str:
     header = f"{'x':>8} |" + "".join(f" {name + ' value':>20} {name + ' grad':>19} |" for name in columns)
     lines = ["log1pexp(x) = log(1 + exp(x)), float32: value and gradient", header, "-" * len(header)]
     for i, x in enumerate(points):

@@ -66,7 +66,7 @@ class GradientReport:
         return "\n".join(lines)
 
 
-def _weighted_sum(fn: Callable, args: Sequence[Any], weights: Sequence[np.ndarray]) -> tf.Tensor:
+def _weighted_sum(fn: Callable[..., Any], args: Sequence[Any], weights: Sequence[np.ndarray]) -> tf.Tensor:
     """⟨w, fn(*args)⟩ over every floating output leaf, in float64."""
     outputs = [tf.convert_to_tensor(t) for t in tf.nest.flatten(fn(*args))]
     total = tf.constant(0.0, tf.float64)
@@ -76,7 +76,7 @@ def _weighted_sum(fn: Callable, args: Sequence[Any], weights: Sequence[np.ndarra
     return total
 
 
-def _output_weights(fn: Callable, args: Sequence[Any], seed: int) -> tuple[list[np.ndarray], bool]:
+def _output_weights(fn: Callable[..., Any], args: Sequence[Any], seed: int) -> tuple[list[np.ndarray], bool]:
     """Random weights in [0.5, 1.5], zero on outputs that are not finite at the point."""
     rng = np.random.default_rng(seed)
     weights, any_not_finite = [], False
@@ -88,13 +88,15 @@ def _output_weights(fn: Callable, args: Sequence[Any], seed: int) -> tuple[list[
     return weights, any_not_finite
 
 
-def _numeric(fn, args, index, weights, step_scale) -> np.ndarray:
+def _numeric(
+    fn: Callable[..., Any], args: Sequence[Any], index: int, weights: Sequence[np.ndarray], step_scale: float
+) -> np.ndarray:
     """Central differences of ⟨w, fn⟩ w.r.t. every element of args[index], in that argument's dtype."""
     dtype = args[index].dtype
     x = np.asarray(tf.cast(args[index], tf.float64))
     result = np.empty(x.shape)
     for position in np.ndindex(x.shape):
-        step = step_scale * max(1.0, abs(x[position]))
+        step = step_scale * max(1.0, float(abs(x[position])))
         shifted = []
         for sign in (1.0, -1.0):
             moved = x.copy()
@@ -106,16 +108,16 @@ def _numeric(fn, args, index, weights, step_scale) -> np.ndarray:
     return result
 
 
-def _reverse(fn, args, index, weights) -> np.ndarray:
+def _reverse(fn: Callable[..., Any], args: Sequence[Any], index: int, weights: Sequence[np.ndarray]) -> np.ndarray:
     x = args[index]
     with tf.GradientTape() as tape:
         tape.watch(x)
         total = _weighted_sum(fn, args, weights)
     grad = tape.gradient(total, x, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return tf.cast(tf.convert_to_tensor(grad), tf.float64).numpy()
+    return np.asarray(tf.cast(tf.convert_to_tensor(grad), tf.float64))
 
 
-def _forward(fn, args, index, weights) -> np.ndarray:
+def _forward(fn: Callable[..., Any], args: Sequence[Any], index: int, weights: Sequence[np.ndarray]) -> np.ndarray:
     x = args[index]
     result = np.empty(x.shape)
     for position in np.ndindex(*x.shape):
@@ -127,7 +129,9 @@ def _forward(fn, args, index, weights) -> np.ndarray:
     return result
 
 
-def _numeric_preferring_float64(fn, args, index, weights, step) -> tuple[np.ndarray, str]:
+def _numeric_preferring_float64(
+    fn: Callable[..., Any], args: Sequence[Any], index: int, weights: Sequence[np.ndarray], step: float
+) -> tuple[np.ndarray, str]:
     args64 = [tf.cast(a, tf.float64) if j == index else a for j, a in enumerate(args)]
     try:
         return _numeric(fn, args64, index, weights, step), "float64"
@@ -138,7 +142,8 @@ def _numeric_preferring_float64(fn, args, index, weights, step) -> tuple[np.ndar
         return _numeric(fn, args, index, weights, float(np.finfo(dtype.as_numpy_dtype).eps) ** (1 / 3)), dtype.name
 
 
-def _compare(argument, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite) -> ArgumentReport:
+def _compare(argument: int, mode: str, computed: np.ndarray, numeric: np.ndarray, tolerance: tuple[float, float],
+             numeric_dtype: str, fn_not_finite: bool) -> ArgumentReport:
     rtol, atol = tolerance
     valid = np.isfinite(numeric)
     if fn_not_finite:  # 0·NaN from an output left out: that element cannot be judged
@@ -230,16 +235,16 @@ def check_gradient(
         True
     """
     _check_options(step, rtol, atol)
-    args = [_point(a, i) for i, a in enumerate(args)]
-    floating = [i for i, a in enumerate(args) if isinstance(a, tf.Tensor) and is_floating(a.dtype)]
-    weights, fn_not_finite = _output_weights(fn, args, seed)
+    points = [_point(a, i) for i, a in enumerate(args)]
+    floating = [i for i, a in enumerate(points) if isinstance(a, tf.Tensor) and is_floating(a.dtype)]
+    weights, fn_not_finite = _output_weights(fn, points, seed)
     rows = []
     for i in floating:
-        rtol_i = _RTOL[args[i].dtype.base_dtype] if rtol is None else rtol
+        rtol_i = _RTOL[points[i].dtype.base_dtype] if rtol is None else rtol
         tolerance = (rtol_i, rtol_i if atol is None else atol)
-        numeric, numeric_dtype = _numeric_preferring_float64(fn, args, i, weights, step)
+        numeric, numeric_dtype = _numeric_preferring_float64(fn, points, i, weights, step)
         for mode, derivative in (("reverse", _reverse), ("forward", _forward)):
-            computed = derivative(fn, args, i, weights)
+            computed = derivative(fn, points, i, weights)
             rows.append(_compare(i, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite))
     return GradientReport(tuple(rows))
 

@@ -41,22 +41,25 @@ from stopgrad_math.gradient_components import Component, Flattened
 _NUMBERS = (bool, int, float, complex, np.ndarray, np.generic)
 
 
-def _unconverted_if_lambda(fn: Callable) -> Callable:
+def _unconverted_if_lambda(fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn, kept from AutoGraph if it is a lambda: its body is an expression, with no statement to convert,
     and AutoGraph cannot find the source of a lambda beside another on a line (it warns, then runs it as is)."""
     if tf.executing_eagerly() or getattr(fn, "__name__", "") != "<lambda>":  # AutoGraph acts only while tracing
         return fn
-    return tf.autograph.experimental.do_not_convert(fn)
+    unconverted: Callable[..., Any] = tf.autograph.experimental.do_not_convert(fn)
+    return unconverted
 
 
-def _call_f(f: Callable, args: tuple, kwargs: dict) -> tuple[Any, Callable]:
+def _call_f(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[..., Any]]:
     result = _unconverted_if_lambda(f)(*args, **kwargs)
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
         raise TypeError(f"{getattr(f, '__name__', f)} must return a pair (y, grad_fn); got {type(result).__name__}.")
     return result[0], _unconverted_if_lambda(result[1])
 
 
-def _positional(f: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def _positional(
+    f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Keyword arguments are constants, unless every argument is a keyword: then
     those that name positional parameters are f's differentiable arguments."""
     if args or not kwargs:
@@ -70,7 +73,7 @@ def _stopped(flat: Flattened) -> Any:
     return flat.with_tensors({i: flat.components[i].stopped for i in flat.differentiable})
 
 
-def _constants(kwargs: dict) -> dict:
+def _constants(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments with every tensor and variable in them stopped: they are constants."""
     return _stopped(Flattened.of(kwargs, "kwargs")) if kwargs else kwargs  # the common {} without nest's cost
 
@@ -80,7 +83,7 @@ class _Plan:
     """What one call embeds: f's value, its grad_fn, and the components of arguments and outputs."""
 
     outputs: Flattened
-    grad_fn: Callable
+    grad_fn: Callable[..., Any]
     arguments: Flattened
     variables: list[Component]  # read inside f, when grad_fn gives their gradients
 
@@ -110,7 +113,7 @@ def _outputs(y: Any) -> Flattened:
     return Flattened.of(y, "y")
 
 
-def _evaluate(f: Callable, args: tuple, kwargs: dict, order: int) -> _Plan:
+def _evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int) -> _Plan:
     args, kwargs = _positional(f, args, kwargs)
     arguments = Flattened.of(list(args), "args")
     kwargs = _constants(kwargs)
@@ -144,7 +147,7 @@ def _one_element_output(plan: _Plan) -> int | None:
     return differentiable[0] if isinstance(output.value, tf.Tensor) and output.value.shape.num_elements() == 1 else None
 
 
-def _has_derivative(inner: tf.GradientTape, gradient: Gradient, watched: list) -> bool:
+def _has_derivative(inner: tf.GradientTape, gradient: Gradient, watched: list[tf.Tensor]) -> bool:
     """Whether a recorded result has a derivative w.r.t. the upstream.
 
     A graph's tape records ops whose gradient is none (PyFunc); asking costs
@@ -200,7 +203,7 @@ def _summed_to(product: tf.Tensor, shape: tf.TensorShape) -> tf.Tensor:
     return tf.reshape(total, shape) if shape.rank else total
 
 
-def _embed_one_element(plan: _Plan, index: int, zero_checked: recent.Recent, signature: Hashable | None) -> Any:
+def _embed_one_element(plan: _Plan, index: int, zero_checked: recent.Recent[bool], signature: Hashable | None) -> Any:
     """y of one element: its derivative is grad_fn(1), embedded as the identity form does (no transpose).
 
     grad_fn(0) must be zero. It is checked while tracing (a graph prunes its
@@ -214,7 +217,7 @@ def _embed_one_element(plan: _Plan, index: int, zero_checked: recent.Recent, sig
         at_zero = plan.gradients({index: output.rebuild(tf.zeros_like(y))})
         linearity.check_at_zero([g.values for g in at_zero], [g.name for g in at_zero])
         if signature is not None:
-            zero_checked.put(signature)
+            zero_checked.put(signature, True)
     gradients = plan.gradients({index: output.rebuild(tf.ones_like(y))})
     # grad_fn(1) is conj(J) for a complex y, TensorFlow's convention.
     return plan.with_terms({index: _scalar_terms(gradients, y.dtype, y.shape, conjugate=identity.is_complex(y.dtype))})
@@ -233,7 +236,7 @@ def _jacobian_times_zeros(plan: _Plan) -> dict[int, list[tf.Tensor]]:
     linearity.check_at_zero([g.values for g in gradients], [g.name for g in gradients])
     connected = [g for g, r in zip(gradients, reached, strict=True) if r]
     zero = _unreached(plan, gradients, reached)
-    terms = {i: [] for i in zero_upstreams}
+    terms: dict[int, list[tf.Tensor]] = {i: [] for i in zero_upstreams}
     if connected:
         products = _transposed(inner, connected, watched)
         for i, product in zip(zero_upstreams, products, strict=True):
@@ -243,11 +246,11 @@ def _jacobian_times_zeros(plan: _Plan) -> dict[int, list[tf.Tensor]]:
     return terms
 
 
-def _transposed(inner: tf.GradientTape, gradients: list[Gradient], watched: list) -> list:
+def _transposed(inner: tf.GradientTape, gradients: list[Gradient], watched: list[tf.Tensor]) -> list[Any]:
     """J·v for each watched upstream: grad_fn's ops differentiated against the zeros v."""
     zeros = [tf.cast(g.zero(), g.values.dtype) for g in gradients]
     try:
-        return inner.gradient([g.values for g in gradients], watched, output_gradients=zeros)
+        return list(inner.gradient([g.values for g in gradients], watched, output_gradients=zeros))
     except LookupError as error:
         raise ValueError(_OPAQUE.format(error=error)) from error
 
@@ -260,7 +263,7 @@ _OPAQUE = (
 )
 
 
-def _eager_signature(plan: _Plan, kwargs: dict) -> Hashable | None:
+def _eager_signature(plan: _Plan, kwargs: dict[str, Any]) -> Hashable | None:
     """In eager mode, what tf.function would key a trace of this call by: the shapes and dtypes of the tensors
     and the constant arguments. None while tracing, or where keyword arguments or an unhashable constant
     leave it unknown."""
@@ -275,8 +278,8 @@ def _eager_signature(plan: _Plan, kwargs: dict) -> Hashable | None:
     return key
 
 
-def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: bool,
-           zero_checked: recent.Recent) -> Any:
+def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int, check_linearity: bool,
+           zero_checked: recent.Recent[bool]) -> Any:
     plan = _evaluate(f, args, kwargs, order)
     if not plan.outputs.differentiable or not (plan.arguments.differentiable or plan.variables):
         return plan.outputs.structure  # nothing to differentiate: no grad_fn call, as tf.custom_gradient
@@ -288,7 +291,7 @@ def _embed(f: Callable, args: tuple, kwargs: dict, order: int, check_linearity: 
     return plan.with_terms(_jacobian_times_zeros(plan))
 
 
-def _value_alone(f: Callable, args: tuple, kwargs: dict) -> Any:
+def _value_alone(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """values_only(): f's y, not differentiable w.r.t. the arguments or the variables f reads; no grad_fn call."""
     args, kwargs = _positional(f, args, kwargs)
     arguments = Flattened.of(list(args), "args")
@@ -325,7 +328,7 @@ def check_options(order: Any, check_linearity: Any) -> None:
 SIGNATURES_KEPT = 256  # input signatures per decorated function whose grad_fn(0) was checked in eager mode
 
 
-def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Callable:
+def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
     """Returns f with its grad_fn embedded as a linear map.
 
     The contract, the conventions for grad_fn and the limits are documented
@@ -336,10 +339,10 @@ def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Call
 
     # A root name scope must start with a letter, digit or '.': '_f' and '<lambda>' would be refused.
     scope = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(f, "__name__", "")).lstrip("_") or "custom_gradient"
-    zero_checked = recent.Recent(SIGNATURES_KEPT)
+    zero_checked: recent.Recent[bool] = recent.Recent(SIGNATURES_KEPT)
 
     @functools.wraps(f)
-    def embedded(*args, **kwargs):
+    def embedded(*args: Any, **kwargs: Any) -> Any:
         if identity.nothing_records():
             return _call_f(f, args, kwargs)[0]
         with identity.name_scope(scope):
@@ -352,5 +355,5 @@ def decorate(f: Callable, order: int = 1, check_linearity: bool = False) -> Call
     del embedded.__wrapped__
     if embedded.__name__ == "<lambda>":  # AutoGraph would take the wrapper for a lambda, and not find it
         embedded.__name__ = embedded.__qualname__ = "custom_gradient_of_lambda"
-    embedded.undecorated = f
+    embedded.undecorated = f  # type: ignore[attr-defined]  # a function attribute, as tf.function's python_function
     return embedded

@@ -9,6 +9,9 @@ import tensorflow as tf
 
 from stopgrad_math import _tf_internal, decorator, gradient_layout, identity, inference, shape_checks
 
+# (label, layout choice, gx, x) for one argument; gx and x are tensors or variables.
+_Planned = tuple[str, gradient_layout.Choice, Any, Any]
+
 
 def _require_inexact(dtype: tf.DType, what: str, fx_dtype: tf.DType, label: str = "") -> None:
     """fx, x and gx are floating or complex; a real fx takes only real x and gx. ``what`` names the value,
@@ -66,7 +69,7 @@ def custom_gradient(
     *,
     order: int = 1,
     check_linearity: bool = False,
-) -> tf.Tensor | Callable:
+) -> tf.Tensor | Callable[..., Any]:
     """Embeds a known gradient: ``custom_gradient(fx, gx, x)`` or ``@custom_gradient``.
 
     Two forms, one stop-gradient identity underneath.
@@ -256,7 +259,7 @@ def custom_gradient(
         return _embed(fx, planned, fx_gx_manually_stopped)
 
 
-def _planned(fx: tf.Tensor, label: str, g: Any, x: Any) -> tuple:
+def _planned(fx: tf.Tensor, label: str, g: Any, x: Any) -> _Planned:
     """(label, layout choice, g, x) for one argument, converted and checked against fx."""
     dtype = fx.dtype
     x = _tensor_like(x, label)
@@ -284,7 +287,7 @@ def scaled_identity(x: tf.Tensor | tf.Variable, scale: Any) -> tf.Tensor:
     return identity.attach(x_stop, [identity.negative_zero_term(scale, x, x.dtype, x_stop)])
 
 
-def _embed(fx: tf.Tensor, planned: list, manually_stopped: bool) -> tf.Tensor:
+def _embed(fx: tf.Tensor, planned: list[_Planned], manually_stopped: bool) -> tf.Tensor:
     xs = [x if isinstance(x, tf.Tensor) else tf.convert_to_tensor(x) for *_, x in planned]
     gs = [identity.cast(g, fx.dtype) for _, _, g, _ in planned]
     if manually_stopped:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import tensorflow as tf
 
@@ -35,7 +35,7 @@ class _Signature:
     takes_variables: bool
 
 
-def _signature_of_parameters(parameters: tuple) -> _Signature:
+def _signature_of_parameters(parameters: tuple[tuple[str, str], ...]) -> _Signature:
     kinds = dict(parameters)
     positional = [k for k in kinds.values() if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
     return _Signature(
@@ -46,15 +46,15 @@ def _signature_of_parameters(parameters: tuple) -> _Signature:
     )
 
 
-def _parameters(grad_fn: Callable) -> tuple:
+def _parameters(grad_fn: Callable[..., Any]) -> tuple[tuple[str, str], ...]:
     return tuple((p.name, p.kind.name) for p in inspect.signature(grad_fn).parameters.values())
 
 
 SIGNATURES_KEPT = 1024  # code objects; the least recently used goes first
-_SIGNATURES = recent.Recent(SIGNATURES_KEPT)
+_SIGNATURES: recent.Recent[_Signature] = recent.Recent(SIGNATURES_KEPT)
 
 
-def signature(grad_fn: Callable) -> _Signature:
+def signature(grad_fn: Callable[..., Any]) -> _Signature:
     """grad_fn's calling convention.
 
     A plain function's parameters are fixed by its code object, which the
@@ -69,7 +69,9 @@ def signature(grad_fn: Callable) -> _Signature:
     return _SIGNATURES.get(code) or _SIGNATURES.put(code, _signature_of_parameters(_parameters(grad_fn)))
 
 
-def call(grad_fn: Callable, outputs: Flattened, upstreams: dict[int, Any], variables: list) -> tuple[Any, Any]:
+def call(
+    grad_fn: Callable[..., Any], outputs: Flattened, upstreams: dict[int, Any], variables: list[Any]
+) -> tuple[Any, Any]:
     """Calls grad_fn in its own convention; returns (gradients of args, gradients of variables).
 
     ``upstreams`` holds an upstream for each output leaf that has one (of the
@@ -95,7 +97,7 @@ def call(grad_fn: Callable, outputs: Flattened, upstreams: dict[int, Any], varia
 _SINGLE = (tf.Tensor, tf.Variable, tf.IndexedSlices, tf.RaggedTensor, tf.SparseTensor)
 
 
-def _flat(gradients: Any, arguments: Flattened) -> list:
+def _flat(gradients: Any, arguments: Flattened) -> list[Any]:
     """grad_fn's gradients, one per argument leaf where the structure says so, else as tf.nest flattens them."""
     if isinstance(gradients, _SINGLE) or not tf.nest.is_nested(gradients):
         return [gradients]
@@ -105,10 +107,10 @@ def _flat(gradients: Any, arguments: Flattened) -> list:
     try:
         return _up_to(shallow, gradients)
     except ValueError:
-        return tf.nest.flatten(gradients)
+        return list(tf.nest.flatten(gradients))
 
 
-def _up_to(shallow: Any, gradients: Any) -> list:
+def _up_to(shallow: Any, gradients: Any) -> list[Any]:
     """One gradient per leaf of ``shallow`` (tf.nest's order), where gradients has its structure; a None in
     place of a structure means no gradient for any of its leaves. ValueError where the structures differ."""
     if not tf.nest.is_nested(shallow):
@@ -174,7 +176,8 @@ def checked(component: Component, gradient: Any) -> Gradient:
 
 def _check(values: tf.Tensor, component: Component, rows: bool) -> tf.Tensor:
     """values, checked to be the gradient (or, with ``rows``, gathered rows of it) of the component."""
-    dtype, shape, name = component.dtype, component.shape, component.name
+    dtype = cast(tf.DType, component.dtype)  # the component is differentiable, so it has one
+    shape, name = component.shape, component.name
     if not identity.is_inexact(values.dtype) or identity.is_complex(values.dtype) != identity.is_complex(dtype):
         raise ValueError(f"grad_fn returned a {values.dtype.name} gradient for {name}, a {dtype.name}.")
     compared = (values.shape[1:], shape[1:]) if rows else (values.shape, shape)

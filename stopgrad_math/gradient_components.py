@@ -43,9 +43,14 @@ class Component:
     rebuild: Callable[[tf.Tensor], Any]  # value with that tensor replaced
 
     @functools.cached_property
-    def tensor(self) -> tf.Tensor | None:
-        """The component, read when first needed: a variable whose gradient is sparse is only ever gathered."""
-        return None if self.read is None else self.read()
+    def tensor(self) -> tf.Tensor:
+        """The component, read when first needed: a variable whose gradient is sparse is only ever gathered.
+
+        Only a component that carries a gradient has one; asking a constant is the library's own error.
+        """
+        if self.read is None:
+            raise TypeError(f"{self.name} is a constant, with no tensor to carry a gradient.")
+        return self.read()
 
     @functools.cached_property
     def stopped(self) -> tf.Tensor:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -40,7 +41,7 @@ class Layout(enum.Enum):
 
 def _may_fit(layout: Layout, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> bool:
     if layout is Layout.JACOBIAN:
-        return gx.is_compatible_with(fx.concatenate(x))
+        return bool(gx.is_compatible_with(fx.concatenate(x)))
     if layout is Layout.ELEMENTWISE:
         product = shape_checks.static_broadcast(gx, x)
         return product is not None and product.is_compatible_with(fx)
@@ -88,7 +89,7 @@ def candidates(name: str, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorSh
 
 
 @functools.lru_cache(maxsize=1024)  # eager calls see the same few shapes again and again
-def _static_choice(fx: tuple, x: tuple, gx: tuple) -> Choice:
+def _static_choice(fx: tuple[int, ...], x: tuple[int, ...], gx: tuple[int, ...]) -> Choice:
     shapes = tf.TensorShape(fx), tf.TensorShape(x), tf.TensorShape(gx)
     return Choice(next(((layout,) for layout in Layout if _may_fit(layout, *shapes)), ()), static=True)
 
@@ -141,7 +142,7 @@ class _RunTime:
             taken = tf.logical_or(taken, self.selected[layout])
         self.check = shape_checks.require(taken, tf.zeros([], self.dtype), self._message(name))
 
-    def _fits(self) -> dict:
+    def _fits(self) -> dict[Layout, Callable[[], tf.Tensor]]:
         """Whether the run-time shapes fit each layout, computed only for the layouts asked for."""
         (fx, x, gx), (fx_rank, x_rank, gx_rank) = self.padded, self.ranks
         to_x = functools.cache(lambda: shape_checks.broadcasts_to_padded(gx, gx_rank, x, x_rank))
@@ -158,7 +159,7 @@ class _RunTime:
             Layout.SUM: to_x,
         }
 
-    def _message(self, name: str) -> list:
+    def _message(self, name: str) -> list[str | tf.Tensor]:
         fx, x, gx = self.shapes
         return [
             f"The gradient for {name} fits no layout: fx has shape", fx, f", {name} has shape", x,

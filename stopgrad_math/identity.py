@@ -134,7 +134,7 @@ def _is_finite(x: tf.Tensor) -> tf.Tensor:
     return tf.raw_ops.IsFinite(x=x)
 
 
-def name_scope(name: str) -> contextlib.AbstractContextManager:
+def name_scope(name: str) -> contextlib.AbstractContextManager[Any]:
     """tf.name_scope while building a graph; nothing in eager mode, where op names are not kept."""
     return contextlib.nullcontext() if tf.executing_eagerly() else tf.name_scope(name)
 

@@ -102,7 +102,7 @@ def _tie(source: Any) -> tf.Tensor:
     return source if isinstance(source, tf.Tensor) else tf.convert_to_tensor(source)
 
 
-def _undifferentiable(leaf: Any, ties: list) -> Any:
+def _undifferentiable(leaf: Any, ties: list[Any]) -> Any:
     component = gradient_components.of("value", leaf)
     if not component.differentiable:
         return leaf

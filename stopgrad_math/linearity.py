@@ -64,7 +64,9 @@ def _random_like(t: tf.Tensor, seed: list[int]) -> tf.Tensor:
     return tf.complex(draw, tf.random.stateless_normal(tf.shape(t), [seed[0], seed[1] + 7], dtype=part))
 
 
-def check_superposition(call: Callable[[dict], list], upstreams: dict[int, tf.Tensor], seed: int = 0) -> None:
+def check_superposition(
+    call: Callable[[dict[int, tf.Tensor]], list[tf.Tensor]], upstreams: dict[int, tf.Tensor], seed: int = 0
+) -> None:
     """Raises if call(a·d1 + d2) differs from a·call(d1) + call(d2) for random d1, d2.
 
     ``call`` maps upstream gradients (one tensor per output that has one,

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Hashable
-from typing import Any
+from typing import Generic, TypeVar
+
+Value = TypeVar("Value")
 
 
-class Recent:
+class Recent(Generic[Value]):
     """A mapping of at most ``size`` entries; adding one more drops the least recently used."""
 
     def __init__(self, size: int):
         self.size = size
-        self._entries: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[Hashable, Value] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -24,14 +26,14 @@ class Recent:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._entries
 
-    def get(self, key: Hashable) -> Any:
+    def get(self, key: Hashable) -> Value | None:
         """The value for ``key``, now the most recently used; None where there is none."""
         if key not in self._entries:
             return None
         self._entries.move_to_end(key)
         return self._entries[key]
 
-    def put(self, key: Hashable, value: Any = True) -> Any:
+    def put(self, key: Hashable, value: Value) -> Value:
         """Keeps ``value`` for ``key``; returns it."""
         self._entries[key] = value
         self._entries.move_to_end(key)
