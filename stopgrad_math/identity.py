@@ -177,7 +177,7 @@ def _finite_in_host_memory(x: tf.Tensor) -> bool:
     """
     if tf.is_symbolic_tensor(x) or "CPU" not in x.backing_device:
         return False
-    values = np.asarray(x)  # a view of the host buffer: no copy
+    values = x.numpy()
     if values.size <= 16:  # a few elements: Python's isfinite beats two cold NumPy calls
         isfinite = cmath.isfinite if values.dtype.kind == "c" else math.isfinite
         return all(map(isfinite, values.ravel().tolist()))
