@@ -23,12 +23,14 @@ called and read is ``grad_fn_conventions``'.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
 import numbers
 import re
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import numpy as np
@@ -78,6 +80,30 @@ def _constants(kwargs: dict[str, Any]) -> dict[str, Any]:
     return _stopped(Flattened.of(kwargs, "kwargs")) if kwargs else kwargs  # the common {} without nest's cost
 
 
+@dataclasses.dataclass(frozen=True)
+class _Evaluating:
+    """Set while a grad_fn runs: the order of the embedding that calls it, and how many grad_fns deep."""
+
+    order: int
+    depth: int
+
+
+# A grad_fn may call decorated functions, its own f among them (erfcx' = 2x·erfcx − 2/√π). They run when f is
+# called, not in the backward pass, so each must end the recursion itself: see _needs_embedding.
+_EVALUATING: contextvars.ContextVar[_Evaluating | None] = contextvars.ContextVar("grad_fn_evaluation", default=None)
+MAX_DEPTH = 8
+
+
+@contextlib.contextmanager
+def _evaluating(order: int) -> Iterator[None]:
+    outer = _EVALUATING.get()
+    token = _EVALUATING.set(_Evaluating(order, 1 if outer is None else outer.depth + 1))
+    try:
+        yield
+    finally:
+        _EVALUATING.reset(token)
+
+
 @dataclasses.dataclass
 class _Plan:
     """What one call embeds: f's value, its grad_fn, and the components of arguments and outputs."""
@@ -86,11 +112,13 @@ class _Plan:
     grad_fn: Callable[..., Any]
     arguments: Flattened
     variables: list[Component]  # read inside f, when grad_fn gives their gradients
+    order: int
 
     def gradients(self, upstreams: dict[int, Any]) -> list[Gradient]:
         """grad_fn(upstreams), checked and paired with the components they belong to."""
         variables = [c.value for c in self.variables]
-        grads, variable_grads = grad_fn_conventions.call(self.grad_fn, self.outputs, upstreams, variables)
+        with _evaluating(self.order):
+            grads, variable_grads = grad_fn_conventions.call(self.grad_fn, self.outputs, upstreams, variables)
         pairs = grad_fn_conventions.match(grads, self.arguments)
         if self.variables:
             flat = list(variable_grads) if variable_grads is not None else []
@@ -135,7 +163,7 @@ def _evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     if watched and grad_fn_conventions.signature(grad_fn).takes_variables:
         variables = [gradient_components.of(v.name, v) for v in watched]
         outputs = _outputs(_stopped(outputs))  # grad_fn gives the variables' gradients: cut autodiff's path to them
-    return _Plan(outputs, grad_fn, arguments, variables)
+    return _Plan(outputs, grad_fn, arguments, variables, order)
 
 
 def _one_element_output(plan: _Plan) -> int | None:
@@ -317,6 +345,33 @@ def _real_or_all_complex(plan: _Plan, index: int) -> bool:
     return not any(identity.is_complex(c.dtype) for c in components)
 
 
+def _needs_embedding(evaluating: _Evaluating | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a decorated call must embed its gradient: always, except inside a grad_fn of order 1.
+
+    There every value but the upstream is a constant: the arguments were
+    stopped, and the upstream is a constant too where y has one element. A
+    call on constants has no derivative to embed, and calling f alone ends a
+    recursion. A call on the upstream (a watched tensor) is embedded, since
+    the transpose differentiates it; so are variables, which a tape may
+    watch. Inside a grad_fn of order 2, whose arguments move with x, calls
+    are embedded at order 1, so a recursion there is two deep.
+    """
+    if evaluating is None or evaluating.order == 2:
+        return True
+    leaves = tf.nest.flatten((args, kwargs))
+    if any(gradient_components.is_variable_or_composite(leaf) for leaf in leaves):
+        return True  # a variable, ragged or sparse value: its own recording is not asked, so it is embedded
+    depends = _tf_internal.should_record_backprop([leaf for leaf in leaves if isinstance(leaf, tf.Tensor)])
+    if depends and evaluating.depth >= MAX_DEPTH:
+        raise ValueError(
+            f"grad_fns call decorated functions on their upstream gradients {MAX_DEPTH} deep: gradients that call "
+            "each other on the upstream without end (a psum whose gradient is a broadcast whose gradient is a "
+            "psum) cannot be embedded when f is called. Give y one element, or embed a Jacobian with "
+            "custom_gradient(fx, jacobian, x)."
+        )
+    return bool(depends)
+
+
 def check_options(order: Any, check_linearity: Any) -> None:
     """The decorator's options, checked when they are given (not when the decorated function first runs)."""
     if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order not in (1, 2):
@@ -343,12 +398,14 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
 
     @functools.wraps(f)
     def embedded(*args: Any, **kwargs: Any) -> Any:
-        if identity.nothing_records():
+        evaluating = _EVALUATING.get()
+        if identity.nothing_records() or not _needs_embedding(evaluating, args, kwargs):
             return _call_f(f, args, kwargs)[0]
         with identity.name_scope(scope):
             if inference.active():
                 return _value_alone(f, args, kwargs)
-            return _embed(f, args, kwargs, order, check_linearity, zero_checked)
+            order_here = order if evaluating is None else 1  # a grad_fn's own derivative is first order
+            return _embed(f, args, kwargs, order_here, check_linearity, zero_checked)
 
     # autograph reads a function's source through __wrapped__ and would compile
     # f in place of this wrapper; the original stays reachable as `undecorated`.

@@ -133,6 +133,11 @@ def custom_gradient(
       1 − 1/(1 + exp(x)) at x = 100), which is why it is not the default.
       tf.custom_gradient differentiates grad_fn's ops instead, which is not
       the second derivative of f either.
+    * grad_fn may call decorated functions, f itself included (a recursive
+      derivative): it runs with the arguments stopped, and a call there on
+      constants returns its value alone, which ends the recursion (two
+      deep at ``order=2``). Calls on the upstream are embedded; without end
+      they raise ValueError.
     * In eager mode with no tape or accumulator active, f's y is returned
       as it is.
 

@@ -87,6 +87,11 @@ def _is_variable(value: Any) -> bool:
     return isinstance(value, (tf.Variable, _tf_internal.TensorProtocol, _tf_internal.ShardedVariable))
 
 
+def is_variable_or_composite(value: Any) -> bool:
+    """Whether a value carries its gradient in something other than itself: a variable, ragged or sparse."""
+    return isinstance(value, _COMPOSITES) or _is_variable(value)
+
+
 def of(name: str, value: Any) -> Component:
     """The gradient component of one leaf of f's arguments or outputs; TypeError for what cannot be carried."""
     if isinstance(value, tf.Tensor):
