@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 from tensorflow.python.eager import record as _record
+from tensorflow.python.framework import ops as _ops
 from tensorflow.python.util import nest as _nest
 
 could_possibly_record = _record.could_possibly_record
@@ -38,3 +39,8 @@ TensorProtocol = tf.__internal__.types.Tensor
 
 ShardedVariable = tf.__internal__.distribute.ShardedVariable
 """A variable split over parameter servers: a composite, neither ``tf.Variable`` nor ``tf.Tensor``."""
+
+gradient_function = _ops.get_gradient_function
+"""The gradient TensorFlow registered for a graph op: None for an op declared not differentiable, LookupError for
+one with none. ``tf.RegisterGradient`` only adds to the registry; nothing public reads it, and the decorator must
+know, while tracing, which of grad_fn's ops a transpose cannot see through."""

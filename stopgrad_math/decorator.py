@@ -15,8 +15,10 @@ transpose is needed: J is grad_fn(1), and the identity form embeds it,
 
     h = y − Σ multiply_no_nan(grad_fn(1), v)
 
-which also serves grad_fns that TensorFlow cannot differentiate. Every zero is
-the identity module's, so there is one code path for the identity. What is
+which also serves grad_fns that TensorFlow cannot differentiate. Where the
+transpose would not see all of grad_fn (``transposition``) and y is small, J
+is built row by row from grad_fn on unit upstreams and embedded the same way.
+Every zero is the identity module's, so there is one code path for the identity. What is
 carried of each kind of argument is ``gradient_components``'; how grad_fn is
 called and read is ``grad_fn_conventions``'.
 """
@@ -36,7 +38,16 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import _tf_internal, grad_fn_conventions, gradient_components, identity, inference, linearity, recent
+from stopgrad_math import (
+    _tf_internal,
+    grad_fn_conventions,
+    gradient_components,
+    identity,
+    inference,
+    linearity,
+    recent,
+    transposition,
+)
 from stopgrad_math.grad_fn_conventions import Gradient
 from stopgrad_math.gradient_components import Component, Flattened
 
@@ -146,7 +157,7 @@ def _evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     arguments = Flattened.of(list(args), "args")
     kwargs = _constants(kwargs)
     stopped = {i: arguments.components[i].stopped for i in arguments.differentiable}
-    at = stopped
+    at = dict(zip(stopped, identity.unreachable(list(stopped.values())), strict=True)) if order == 1 else stopped
     if order == 2:
         # The midpoint stop(x) + u/2 equals x bit for bit (−0.0 too) and moves
         # at half speed, which makes J·v exact to second order.
@@ -203,13 +214,28 @@ def _unreached(plan: _Plan, gradients: list[Gradient], reached: list[bool]) -> l
     ones = {i: plan.outputs.components[i].rebuild(tf.ones_like(plan.outputs.components[i].tensor))
             for i in plan.outputs.differentiable}  # fmt: skip
     at_one = [g for g in plan.gradients(ones) if g.name in names]
+    for g in at_one:
+        value = tf.get_static_value(g.values)
+        if value is not None and np.any(value != 0):  # a grad_fn(0) that is not zero was refused before
+            raise _Untransposable(f"its result for {g.name} is not zero at upstream 1, yet no tape reaches it from "
+                                  "the upstream (it runs code TensorFlow cannot differentiate)")
     return [Gradient(g.component, _zero_after(linearity.require_zero(g.values, g.name)), g.indices) for g in at_one]
 
 
 def _zero_after(checked: tf.Tensor) -> tf.Tensor:
     """Zeros computed from ``checked``, so that its check runs with them. Where nothing can check it (XLA
     compiles assertions to nothing) the argument gets a zero gradient, never the constant times the upstream."""
-    return tf.math.multiply_no_nan(checked, tf.zeros([], checked.dtype))
+    return tf.math.multiply_no_nan(identity.stop(checked), tf.zeros([], checked.dtype))
+
+
+def _stopped_values(gradients: list[Gradient]) -> list[Gradient]:
+    """The gradients with their values stopped: at order 1 J is a constant, and no derivative may be sought
+    inside grad_fn's ops (a symbolic gradient would walk through the stopped arguments into an op that has
+    none, such as RandomGammaGrad, and raise)."""
+    eager = tf.executing_eagerly()  # eagerly, only what a tape records has a path to cut (an op saved)
+    todo = [k for k, g in enumerate(gradients) if not eager or _tf_internal.should_record_backprop([g.values])]
+    stopped = dict(zip(todo, identity.stop_each([gradients[k].values for k in todo]), strict=True))
+    return [dataclasses.replace(g, values=stopped[k]) if k in stopped else g for k, g in enumerate(gradients)]
 
 
 _SCALAR = tf.TensorShape([])
@@ -231,7 +257,7 @@ def _summed_to(product: tf.Tensor, shape: tf.TensorShape) -> tf.Tensor:
     return tf.reshape(total, shape) if shape.rank else total
 
 
-def _embed_one_element(plan: _Plan, index: int, zero_checked: recent.Recent[bool], signature: Hashable | None) -> Any:
+def _embed_one_element(plan: _Plan, index: int, checked: recent.Recent[str], signature: Hashable | None) -> Any:
     """y of one element: its derivative is grad_fn(1), embedded as the identity form does (no transpose).
 
     grad_fn(0) must be zero. It is checked while tracing (a graph prunes its
@@ -241,32 +267,88 @@ def _embed_one_element(plan: _Plan, index: int, zero_checked: recent.Recent[bool
     """
     output = plan.outputs.components[index]
     y = output.tensor
-    if signature is None or signature not in zero_checked:
+    if signature is None or signature not in checked:
         at_zero = plan.gradients({index: output.rebuild(tf.zeros_like(y))})
         linearity.check_at_zero([g.values for g in at_zero], [g.name for g in at_zero])
         if signature is not None:
-            zero_checked.put(signature, True)
+            checked.put(signature, "zero")
     gradients = plan.gradients({index: output.rebuild(tf.ones_like(y))})
+    if plan.order == 1:
+        gradients = _stopped_values(gradients)
     # grad_fn(1) is conj(J) for a complex y, TensorFlow's convention.
     return plan.with_terms({index: _scalar_terms(gradients, y.dtype, y.shape, conjugate=identity.is_complex(y.dtype))})
 
 
-def _jacobian_times_zeros(plan: _Plan) -> dict[int, list[tf.Tensor]]:
-    """The zero term of each output component: J·v, the derivative of ⟨grad_fn(d), v⟩ w.r.t. d at d = 0."""
+class _Untransposable(Exception):
+    """The tape's transpose of grad_fn is not the whole of it (see ``transposition``)."""
+
+
+SMALL_Y = 16  # elements of y up to which J is built from grad_fn on unit upstreams where the transpose fails
+
+
+def _embed_many(plan: _Plan, routes: recent.Recent[str], signature: Hashable | None) -> Any:
+    """y of more than one element: J·v by the transpose trick, checked to be complete; where it is not, or
+    cannot be formed, J from grad_fn on unit upstreams for a small y, and ValueError for a larger one.
+
+    In eager mode the check (a dot-product test, a call of grad_fn more) is
+    made at the first call with each ``signature``, and its answer kept.
+    """
+    route = routes.get(signature) if signature is not None else None
+    if route != "unit":
+        try:
+            terms = _jacobian_times_zeros(plan, verify=route is None)
+        except _Untransposable as reason:
+            if not _small(plan):
+                raise ValueError(_OPAQUE.format(reason=reason)) from None
+        else:
+            if signature is not None:
+                routes.put(signature, "transpose")
+            return plan.with_terms(terms)
+    if signature is not None:
+        routes.put(signature, "unit")
+    return plan.with_terms(_unit_jacobian_terms(plan))
+
+
+def _small(plan: _Plan) -> bool:
+    """Whether J can be built from unit upstreams: a few output elements known while tracing, dense gradients
+    of a real function or of a complex one with complex arguments (J is then conj(grad_fn(e_k)))."""
+    outputs = [plan.outputs.components[i] for i in plan.outputs.differentiable]
+    sizes = [c.value.shape.num_elements() if isinstance(c.value, tf.Tensor) else None for c in outputs]
+    known = [n for n in sizes if n is not None]
+    if len(known) < len(sizes) or sum(known) > SMALL_Y:
+        return False
+    return all(_real_or_all_complex(plan, i) for i in plan.outputs.differentiable)
+
+
+def _jacobian_times_zeros(plan: _Plan, verify: bool) -> dict[int, list[tf.Tensor]]:
+    """The zero term of each output component: J·v, the derivative of ⟨grad_fn(d), v⟩ w.r.t. d at d = 0.
+
+    Raises _Untransposable where the tape cannot transpose grad_fn, or (while
+    tracing, and in eager mode with ``verify``) where it sees only part of it.
+    """
     zero_upstreams = {i: tf.zeros_like(plan.outputs.components[i].tensor) for i in plan.outputs.differentiable}
     upstreams = {i: plan.outputs.components[i].rebuild(d) for i, d in zero_upstreams.items()}
     watched = list(zero_upstreams.values())
-    with tf.GradientTape(watch_accessed_variables=False, persistent=not tf.executing_eagerly()) as inner:
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    first_op = len(graph.get_operations()) if graph is not None else 0
+    with tf.GradientTape(watch_accessed_variables=False, persistent=graph is not None or verify) as inner:
         inner.watch(watched)
         gradients = plan.gradients(upstreams)
         recorded = [_tf_internal.should_record_backprop([g.values]) for g in gradients]
-    reached = [r and _has_derivative(inner, g, watched) for g, r in zip(gradients, recorded, strict=True)]
     linearity.check_at_zero([g.values for g in gradients], [g.name for g in gradients])
+    if graph is not None:
+        blocking = transposition.untransposable_ops(graph.get_operations()[first_op:], watched,
+                                                    [g.values for g in gradients])
+        if blocking:
+            raise _Untransposable(f"its ops {', '.join(blocking)} take the upstream where no tape follows")
+    reached = [r and _has_derivative(inner, g, watched) for g, r in zip(gradients, recorded, strict=True)]
     connected = [g for g, r in zip(gradients, reached, strict=True) if r]
     zero = _unreached(plan, gradients, reached)
     terms: dict[int, list[tf.Tensor]] = {i: [] for i in zero_upstreams}
     if connected:
-        products = _transposed(inner, connected, watched)
+        products = _transposed(inner, connected, watched, [tf.cast(g.zero(), g.values.dtype) for g in connected])
+        if verify and graph is None:
+            _dot_product_test(plan, inner, connected, watched)
         for i, product in zip(zero_upstreams, products, strict=True):
             terms[i] += [] if product is None else [identity.zero_with_slope(product, False)]
     for i in terms:  # the zero maps connect their arguments: zero gradients, not None, as tf.custom_gradient
@@ -274,19 +356,69 @@ def _jacobian_times_zeros(plan: _Plan) -> dict[int, list[tf.Tensor]]:
     return terms
 
 
-def _transposed(inner: tf.GradientTape, gradients: list[Gradient], watched: list[tf.Tensor]) -> list[Any]:
-    """J·v for each watched upstream: grad_fn's ops differentiated against the zeros v."""
-    zeros = [tf.cast(g.zero(), g.values.dtype) for g in gradients]
+def _transposed(inner: tf.GradientTape, gradients: list[Gradient], watched: list[tf.Tensor],
+                vectors: list[tf.Tensor]) -> list[Any]:
+    """J·vector for each watched upstream: grad_fn's ops differentiated against the vectors."""
     try:
-        return list(inner.gradient([g.values for g in gradients], watched, output_gradients=zeros))
+        return list(inner.gradient([g.values for g in gradients], watched, output_gradients=vectors))
     except LookupError as error:
-        raise ValueError(_OPAQUE.format(error=error)) from error
+        raise _Untransposable(str(error)) from error
+
+
+def _dot_product_test(plan: _Plan, inner: tf.GradientTape, gradients: list[Gradient], watched: list[tf.Tensor]) -> None:
+    """Eager mode: ⟨T(a), b⟩ = ⟨a, grad_fn(b)⟩ for random a, b, or _Untransposable."""
+    a = [linearity.random_like(g.values, [1, k]) for k, g in enumerate(gradients)]
+    pairs = zip(plan.outputs.differentiable, watched, strict=True)
+    b = {i: linearity.random_like(w, [2, k]) for k, (i, w) in enumerate(pairs)}
+    transposed = _transposed(inner, gradients, watched, a)
+    direct = {g.name: g.values for g in plan.gradients({i: plan.outputs.components[i].rebuild(d)
+                                                        for i, d in b.items()})}
+    pairs_t = [(t, b_i) for t, b_i in zip(transposed, b.values(), strict=True) if t is not None]
+    pairs_d = [(a_g, direct[g.name]) for a_g, g in zip(a, gradients, strict=True)]
+    dtype = plan.outputs.components[plan.outputs.differentiable[0]].tensor.dtype
+    if transposition.dot_product_mismatch(pairs_t, pairs_d, dtype):
+        raise _Untransposable("the tape sees only part of it (a dot-product test of the transpose fails)")
+
+
+def _unit_jacobian_terms(plan: _Plan) -> dict[int, list[tf.Tensor]]:
+    """J built row by row from grad_fn on unit upstreams (no transpose), embedded as the identity form embeds
+    a full Jacobian: term = Σ_j J[k, j]·v[j] for each output element k."""
+    terms: dict[int, list[tf.Tensor]] = {}
+    for i in plan.outputs.differentiable:
+        y = plan.outputs.components[i].tensor
+        size = y.shape.num_elements()
+        rows: dict[str, list[tf.Tensor | None]] = {}
+        leaves: dict[str, Gradient] = {}
+        for k in range(size):
+            unit = tf.reshape(tf.one_hot(k, size, dtype=y.dtype), y.shape)
+            for g in plan.gradients({i: plan.outputs.components[i].rebuild(unit)}):
+                if g.indices is not None:
+                    raise ValueError(_OPAQUE.format(reason="its gradients are sparse (tf.IndexedSlices)"))
+                leaves[g.name] = g
+                rows.setdefault(g.name, [None] * size)[k] = g.values
+        terms[i] = [_jacobian_term(plan, leaves[name], columns, y) for name, columns in rows.items()]
+    return terms
+
+
+def _jacobian_term(plan: _Plan, gradient: Gradient, rows: list[tf.Tensor | None], y: tf.Tensor) -> tf.Tensor:
+    """Σ_j J[k, j]·v[j] in y's shape, J[k] = conj(row k) (TensorFlow's convention for a complex y)."""
+    zero = gradient.zero()  # shaped like the argument, which grad_fn's rows may not say while tracing
+    jacobian = tf.stack([tf.zeros_like(zero, gradient.values.dtype) if row is None else row for row in rows])
+    jacobian = tf.math.conj(jacobian) if identity.is_complex(y.dtype) else jacobian
+    if plan.order == 1:
+        jacobian = identity.stop(jacobian)
+    jacobian = tf.reshape(jacobian, tf.concat([tf.shape(y), tf.shape(zero)], 0))
+    product = identity.times_zero(jacobian, zero, y.dtype)
+    rank = zero.shape.rank
+    axes = tf.range(tf.rank(y), tf.rank(product)) if rank is None else list(range(-rank, 0))
+    return tf.reduce_sum(product, axis=axes) if rank != 0 else product
 
 
 _OPAQUE = (
-    "grad_fn cannot be differentiated with respect to its upstream gradient, which the decorator needs to embed "
-    "it for a y of more than one element: {error}. A grad_fn that calls external code (tf.numpy_function, "
-    "tf.py_function) or ops whose gradient is disabled cannot be transposed; give y one element, or compute the "
+    f"grad_fn cannot be transposed, which the decorator needs to embed it for a y of more than {SMALL_Y} "
+    "elements: {reason}. A grad_fn that calls external code (tf.numpy_function), ops whose gradient is disabled "
+    "(PreventGradient) or stop_gradient on its upstream (tf.while_loop(back_prop=False)) can be embedded where y "
+    f"has at most {SMALL_Y} elements (J is then built from grad_fn on unit upstreams); otherwise compute the "
     "Jacobian and pass it to the identity form, custom_gradient(fx, jacobian, x)."
 )
 
@@ -307,16 +439,17 @@ def _eager_signature(plan: _Plan, kwargs: dict[str, Any]) -> Hashable | None:
 
 
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int, check_linearity: bool,
-           zero_checked: recent.Recent[bool]) -> Any:
+           checked: recent.Recent[str]) -> Any:
     plan = _evaluate(f, args, kwargs, order)
     if not plan.outputs.differentiable or not (plan.arguments.differentiable or plan.variables):
         return plan.outputs.structure  # nothing to differentiate: no grad_fn call, as tf.custom_gradient
     if check_linearity:
         _check_superposition(plan)
     index = _one_element_output(plan)
+    signature = _eager_signature(plan, kwargs)
     if index is not None and _real_or_all_complex(plan, index):
-        return _embed_one_element(plan, index, zero_checked, _eager_signature(plan, kwargs))
-    return plan.with_terms(_jacobian_times_zeros(plan))
+        return _embed_one_element(plan, index, checked, signature)
+    return _embed_many(plan, checked, signature)
 
 
 def _value_alone(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -394,7 +527,7 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
 
     # A root name scope must start with a letter, digit or '.': '_f' and '<lambda>' would be refused.
     scope = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(f, "__name__", "")).lstrip("_") or "custom_gradient"
-    zero_checked: recent.Recent[bool] = recent.Recent(SIGNATURES_KEPT)
+    checked: recent.Recent[str] = recent.Recent(SIGNATURES_KEPT)  # per input signature: what eager mode checked
 
     @functools.wraps(f)
     def embedded(*args: Any, **kwargs: Any) -> Any:
@@ -405,7 +538,7 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
             if inference.active():
                 return _value_alone(f, args, kwargs)
             order_here = order if evaluating is None else 1  # a grad_fn's own derivative is first order
-            return _embed(f, args, kwargs, order_here, check_linearity, zero_checked)
+            return _embed(f, args, kwargs, order_here, check_linearity, checked)
 
     # autograph reads a function's source through __wrapped__ and would compile
     # f in place of this wrapper; the original stays reachable as `undecorated`.

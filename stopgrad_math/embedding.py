@@ -89,7 +89,10 @@ def custom_gradient(
     Where y has one element (a loss, a log-likelihood), J is grad_fn(1) and
     the identity form embeds it: no transpose, so a grad_fn that TensorFlow
     cannot differentiate (tf.numpy_function, PreventGradient) and infinite
-    derivatives work there.
+    derivatives work there. Where the transpose would not see all of
+    grad_fn (checked while tracing, and eagerly at the first call with each
+    input signature), a y of at most 16 elements gets J from grad_fn on
+    unit upstreams, and a larger one raises ValueError.
 
     * grad_fn may be written ``grad(upstream)``, ``grad(*upstreams)`` (TF),
       ``grad(upstream)`` taking y's structure (JAX), ``grad(*args,

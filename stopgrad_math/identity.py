@@ -108,6 +108,29 @@ def stop_each(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
         return [tf.raw_ops.StopGradient(input=t) for t in tensors]
 
 
+# The integer type of each inexact type's width, for the bitcast in `unreachable`.
+_SAME_WIDTH_INTEGER = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32, tf.float64: tf.int64,
+                       tf.complex64: tf.int64, tf.complex128: tf.int64}
+
+
+def unreachable(stopped: list[tf.Tensor]) -> list[tf.Tensor]:
+    """Stopped tensors (``stop_each``'s) made unreachable for a symbolic gradient too.
+
+    ``tf.gradients`` (and the gradient of a traced function) looks for the ops
+    between x and y by following every consumer of x, through StopGradient
+    too, and raises at any such op that has no gradient (RandomGammaGrad),
+    even where no gradient would flow into it. Its search ends only at a
+    tensor that cannot have a gradient, an integer one: so in a graph each
+    tensor passes through a bitcast to integers and back, the same bits and
+    no copy. Eagerly they are returned as they are: a tape records nothing
+    that was stopped.
+    """
+    if tf.executing_eagerly():
+        return stopped
+    return [tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=t, type=_SAME_WIDTH_INTEGER[t.dtype.base_dtype]),
+                               type=t.dtype.base_dtype) for t in stopped]
+
+
 def subtract(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     """a − b, broadcasting, for tensors of one dtype."""
     return tf.raw_ops.Sub(x=a, y=b)

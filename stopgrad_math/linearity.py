@@ -56,7 +56,7 @@ def require_zero(gradient: tf.Tensor, name: str) -> tf.Tensor:
         return tf.identity(gradient)
 
 
-def _random_like(t: tf.Tensor, seed: list[int]) -> tf.Tensor:
+def random_like(t: tf.Tensor, seed: list[int]) -> tf.Tensor:
     part = t.dtype.real_dtype
     draw = tf.random.stateless_normal(tf.shape(t), seed, dtype=part)
     if not t.dtype.is_complex:
@@ -74,7 +74,7 @@ def check_superposition(
     raises at once; in a graph it runs with the graph
     (tf.errors.InvalidArgumentError).
     """
-    d1, d2 = ({i: _random_like(d, [seed, k]) for i, d in upstreams.items()} for k in (1, 2))
+    d1, d2 = ({i: random_like(d, [seed, k]) for i, d in upstreams.items()} for k in (1, 2))
     a = 1.7
     mixed = {i: a * d1[i] + d2[i] for i in upstreams}
     for lhs, g1, g2 in zip(call(mixed), call(d1), call(d2), strict=True):

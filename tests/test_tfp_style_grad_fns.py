@@ -129,3 +129,135 @@ def test_gradients_calling_each_other_on_the_upstream_without_end_raise_a_clear_
     x = tf.constant([1.0, 2.0])
     with pytest.raises(ValueError, match="8 deep"):
         vjp(doubled, x)
+
+
+# ---------------------------------------------------------------- grad_fns the tape cannot transpose
+# For a y of more than one element J·v is read off grad_fn by differentiating it with respect to the upstream.
+# Where that cannot see the whole of grad_fn, a y of at most 16 elements gets J from grad_fn on unit upstreams;
+# a larger one is refused (while tracing in graphs, at the first call in eager mode), never silently partial.
+
+
+def _chunked_3x(stop_in_loop: bool):
+    def f(x):
+        def grad(dy):  # 3·dy as TFP accumulates it: a chunk in a loop that keeps no gradient, and the rest
+            loop = tf.while_loop(lambda i, a: i < 1, lambda i, a: (i + 1, a + 2 * dy), [0, tf.zeros_like(dy)],
+                                 back_prop=not stop_in_loop)[1]
+            return loop + dy
+
+        return 3 * x, grad
+
+    return f
+
+
+def _numpy_chunk_3x(x):
+    return 3 * x, lambda dy: dy + tf.numpy_function(lambda d: 2 * d, [dy], tf.float64, stateful=False)
+
+
+def _tfxla_dynamic_update_slice(operand, update, start):
+    from tensorflow.compiler.tf2xla.python import xla  # TFP's path to this op: no public one exists
+
+    return xla.dynamic_update_slice(operand, update, start)
+
+
+def _scattered_3x(x):
+    def grad(dy):  # the first element written by an op that has no gradient at all
+        return 3 * _tfxla_dynamic_update_slice(dy, dy[:1], [0])
+
+    return 3 * x, grad
+
+
+def _prevented_3x(x):
+    message = "Second derivative is not implemented."  # TFP's words for its samplers
+    return 3 * x, lambda dy: tf.raw_ops.PreventGradient(input=3 * dy, message=message)
+
+
+OPAQUE_CASES = {
+    "while_loop(back_prop=False)": (_chunked_3x(True), MODES),
+    "numpy_function": (_numpy_chunk_3x, ("eager", "function")),  # XLA cannot compile a numpy_function
+    "XlaDynamicUpdateSlice": (_scattered_3x, MODES),
+    "PreventGradient": (_prevented_3x, MODES),
+}
+
+
+@pytest.mark.parametrize(("case", "mode"), [(c, m) for c, (_, modes) in OPAQUE_CASES.items() for m in modes])
+def test_grad_fns_the_tape_cannot_transpose_are_exact_for_a_small_y(case, mode):
+    make = OPAQUE_CASES[case][0]
+    x = tf.constant([1.0, -2.0, 0.5], tf.float64)
+    upstream, tangent = tf.constant([1.0, 2.0, -4.0], tf.float64), tf.constant([0.5, -1.0, 3.0], tf.float64)
+    embedded, anchor = custom_gradient(make), tf.custom_gradient(make)
+    got = in_mode(lambda x: (vjp(embedded, x, upstream), jvp(embedded, x, tangent)), mode)(x)
+    np.testing.assert_array_equal(got[0], 3 * upstream)  # was [1, 2, -4] in a traced function: a chunk dropped
+    np.testing.assert_array_equal(got[1], 3 * tangent)
+    np.testing.assert_array_equal(got[0], in_mode(lambda x: vjp(anchor, x, upstream), mode)(x))  # side by side
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("case", ["while_loop(back_prop=False)", "numpy_function"])
+def test_grad_fns_the_tape_sees_only_part_of_are_refused_for_a_larger_y(case, mode):
+    embedded, x = custom_gradient(OPAQUE_CASES[case][0]), tf.range(17, dtype=tf.float64)
+    if case.startswith("while_loop") and mode == "eager":  # an eager loop is Python: the tape sees all of it
+        np.testing.assert_array_equal(vjp(embedded, x), np.full(17, 3.0))
+        return
+    with pytest.raises(ValueError, match="cannot be transposed"):  # while tracing; eagerly, the dot-product test
+        in_mode(lambda x: vjp(embedded, x), mode)(x)
+
+
+def test_a_grad_fn_the_tape_sees_whole_through_a_loop_keeps_the_transpose_for_a_large_y():
+    x = tf.range(40, dtype=tf.float64)
+    got = tf.function(lambda x: vjp(custom_gradient(_chunked_3x(False)), x))(x)
+    np.testing.assert_array_equal(got, np.full(40, 3.0))
+
+
+@pytest.mark.parametrize("case", OPAQUE_CASES)
+def test_grad_fns_the_tape_cannot_transpose_in_a_tf1_graph(case):
+    with tf.Graph().as_default():
+        x = tf.constant([1.0, 2.0, -3.0], tf.float64)
+        (gradient,) = tf.gradients(custom_gradient(OPAQUE_CASES[case][0])(x), x, grad_ys=tf.constant([1.0, 2.0, 4.0],
+                                                                                                       tf.float64))
+        with tf.compat.v1.Session() as session:
+            np.testing.assert_array_equal(session.run(gradient), [3.0, 6.0, 12.0])
+
+
+# ---------------------------------------------------------------- an op without a gradient beside the upstream's path
+
+
+@custom_gradient
+def gamma_sample(alpha):
+    """TFP's implicit reparameterization: d sample / d alpha = RandomGammaGrad(alpha, sample)."""
+    sample = tf.random.stateless_gamma(tf.shape(alpha), [3, 4], alpha, dtype=alpha.dtype)
+    return sample, lambda dy: dy * tf.raw_ops.RandomGammaGrad(alpha=alpha, sample=sample)
+
+
+ALPHA = tf.constant([0.5, 1.5, 4.0, 20.0], tf.float64)
+WEIGHTS = np.array([1.0, -2.0, 0.5, 3.0])
+
+
+def _want(alpha):
+    sample = tf.random.stateless_gamma(tf.shape(alpha), [3, 4], alpha, dtype=alpha.dtype)
+    return WEIGHTS * tf.raw_ops.RandomGammaGrad(alpha=alpha, sample=sample)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])  # XLA has no gamma sampler
+def test_gamma_samples_get_random_gamma_grad(mode):
+    got = in_mode(lambda a: vjp(gamma_sample, a, tf.constant(WEIGHTS)), mode)(ALPHA)
+    np.testing.assert_allclose(got, _want(ALPHA), rtol=1e-12)
+
+
+def test_gamma_samples_under_tf1_gradients():
+    with tf.Graph().as_default():  # tf.gradients walked through the stopped alpha into RandomGammaGrad and raised
+        alpha = tf.constant(ALPHA.numpy())
+        (gradient,) = tf.gradients(gamma_sample(alpha), alpha, grad_ys=tf.constant(WEIGHTS))
+        with tf.compat.v1.Session() as session:
+            got, want = session.run([gradient, _want(alpha)])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_gamma_samples_side_by_side_with_tf_custom_gradient():
+    anchor = tf.custom_gradient(gamma_sample.undecorated)
+    np.testing.assert_array_equal(vjp(gamma_sample, ALPHA, tf.constant(WEIGHTS)),
+                                  vjp(anchor, ALPHA, tf.constant(WEIGHTS)))
+
+
+def test_gamma_samples_in_a_traced_function_differentiated_from_outside():
+    traced = tf.function(gamma_sample)
+    np.testing.assert_allclose(vjp(traced, ALPHA, tf.constant(WEIGHTS)), _want(ALPHA), rtol=1e-12)
