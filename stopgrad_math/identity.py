@@ -108,9 +108,8 @@ def stop_each(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
         return [tf.raw_ops.StopGradient(input=t) for t in tensors]
 
 
-# The integer type of each inexact type's width, for the bitcast in `unreachable`.
-_SAME_WIDTH_INTEGER = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32, tf.float64: tf.int64,
-                       tf.complex64: tf.int64, tf.complex128: tf.int64}
+# The integer type of each floating type's width, for the bitcast in `unreachable`.
+_SAME_WIDTH_INTEGER = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32, tf.float64: tf.int64}
 
 
 def unreachable(stopped: list[tf.Tensor]) -> list[tf.Tensor]:
@@ -122,13 +121,20 @@ def unreachable(stopped: list[tf.Tensor]) -> list[tf.Tensor]:
     even where no gradient would flow into it. Its search ends only at a
     tensor that cannot have a gradient, an integer one: so in a graph each
     tensor passes through a bitcast to integers and back, the same bits and
-    no copy. Eagerly they are returned as they are: a tape records nothing
-    that was stopped.
+    no copy (a complex one part by part: XLA bitcasts no complex type).
+    Eagerly they are returned as they are: a tape records nothing that was
+    stopped.
     """
     if tf.executing_eagerly():
         return stopped
-    return [tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=t, type=_SAME_WIDTH_INTEGER[t.dtype.base_dtype]),
-                               type=t.dtype.base_dtype) for t in stopped]
+    return [_through_integers(t) for t in stopped]
+
+
+def _through_integers(t: tf.Tensor) -> tf.Tensor:
+    if is_complex(t.dtype):
+        return tf.complex(_through_integers(tf.math.real(t)), _through_integers(tf.math.imag(t)))
+    dtype = t.dtype.base_dtype
+    return tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=t, type=_SAME_WIDTH_INTEGER[dtype]), type=dtype)
 
 
 def subtract(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:

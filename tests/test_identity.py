@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from stopgrad_math import zero_with_gradient
-from stopgrad_math.identity import attach, negative_zero_term, nothing_records
+from stopgrad_math.identity import attach, negative_zero_term, nothing_records, stop_each, unreachable
 
 FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 SPECIAL = float32_exact([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3e38])
@@ -135,3 +135,30 @@ def test_nothing_records_only_in_eager_without_tape_or_accumulator():
     with tf.autodiff.ForwardAccumulator(tf.constant(1.0), tf.constant(1.0)):
         assert not nothing_records()
     assert not tf.function(lambda: tf.constant(nothing_records()))()
+
+
+ALL_INEXACT = (*FLOATS, tf.complex64, tf.complex128)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", ALL_INEXACT)
+def test_unreachable_keeps_every_bit(dtype, mode):
+    values = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -3e-3])
+    x = tf.cast(tf.constant(values), dtype)
+    if dtype.is_complex:
+        x = tf.complex(tf.math.real(x), tf.reverse(tf.math.real(x), [0]))
+    got = in_mode(lambda x: unreachable(stop_each([x]))[0], mode)(x)
+    as_parts = (lambda a: a.view(a.real.dtype)) if dtype.is_complex else (lambda a: a)  # no 128-bit integers
+    np.testing.assert_array_equal(bits(as_parts(got.numpy())), bits(as_parts(x.numpy())))
+
+
+def test_unreachable_hides_what_follows_from_tf_gradients():
+    """tf.gradients walks through StopGradient into an op with no gradient and raises; not through this."""
+    with tf.Graph().as_default():
+        x = tf.constant([1.5, 2.5])
+        no_gradient = lambda t: tf.raw_ops.RandomGammaGrad(alpha=t, sample=t)  # noqa: E731
+        with pytest.raises(LookupError):
+            tf.gradients(2 * x + no_gradient(stop_each([x])[0]), x)
+        (gradient,) = tf.gradients(2 * x + no_gradient(unreachable(stop_each([x]))[0]), x)
+        with tf.compat.v1.Session() as session:
+            np.testing.assert_array_equal(session.run(gradient), [2.0, 2.0])
