@@ -43,7 +43,7 @@ $(OLDEST)/bin/python:
 	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
 
 $(OLDEST)/.installed: $(OLDEST)/bin/python $(DEPS) $(OLDEST_PINS)
-	$(OLDEST)/bin/python -m pip install --quiet -e ".[test,notebooks]" -c $(OLDEST_PINS)
+	$(OLDEST)/bin/python -m pip install --quiet -e ".[test,notebooks,docs]" -c $(OLDEST_PINS)
 	touch $@
 
 test-oldest: $(OLDEST)/.installed

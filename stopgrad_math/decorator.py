@@ -429,13 +429,20 @@ def _eager_signature(plan: _Plan, kwargs: dict[str, Any]) -> Hashable | None:
     leave it unknown."""
     if kwargs or not tf.executing_eagerly():
         return None
-    key = tuple((tuple(c.shape.as_list()), c.dtype) if c.differentiable else c.value
-                for c in plan.arguments.components + plan.outputs.components)
+    key = tuple(_spec(c) for c in plan.arguments.components + plan.outputs.components)
     try:
         hash(key)
-    except TypeError:  # a tensor that is no gradient component (int32), a NumPy array
+    except TypeError:  # a NumPy array, a list
         return None
     return key
+
+
+def _spec(component: Component) -> Hashable:
+    """A component as tf.function keys it: a tensor by shape and dtype (integer ones too), a constant by value."""
+    if component.differentiable:
+        return tuple(component.shape.as_list()), component.dtype
+    value = component.value
+    return (tuple(value.shape.as_list()), value.dtype) if isinstance(value, tf.Tensor) else value
 
 
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int, check_linearity: bool,

@@ -1021,3 +1021,26 @@ def test_a_decorated_lambda_draws_no_autograph_warning(caplog):
         grad = tf.function(lambda x: vjp(double, x))(tf.constant([1.0]))
     np.testing.assert_array_equal(grad, [3.0])
     assert not [r for r in caplog.records if "AutoGraph could not transform" in r.getMessage()]
+
+
+def test_integer_tensor_arguments_are_keyed_by_shape_for_the_eager_checks():
+    """An integer tensor (row ids) is part of the input signature by shape and dtype, as tf.function keys it, so
+    the dot-product test of the transpose is made once, not at every call with new ids."""
+    upstreams = []
+
+    @custom_gradient
+    def gathered(table, ids):
+        def grad(dy):
+            upstreams.append(dy)
+            return tf.tensor_scatter_nd_add(tf.zeros_like(table), ids[:, None], dy), None
+
+        return tf.gather(table, ids), grad
+
+    table = tf.reshape(tf.range(12.0), [6, 2])
+    for ids in ([0, 2, 5], [1, 1, 3]):
+        with tf.GradientTape() as tape:
+            tape.watch(table)
+            y = gathered(table, tf.constant(ids))
+        want = tf.tensor_scatter_nd_add(tf.zeros([6, 2]), tf.constant(ids)[:, None], tf.ones([3, 2]))
+        np.testing.assert_array_equal(tape.gradient(y, table), want)
+    assert len(upstreams) == 3  # zeros at each call, and the random upstream once

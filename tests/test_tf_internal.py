@@ -5,6 +5,7 @@ import pathlib
 import re
 
 import keras
+import pytest
 import tensorflow as tf
 
 import stopgrad_math
@@ -52,3 +53,12 @@ def test_variable_types():
     variable = keras.Variable(1.0)
     assert isinstance(variable, _tf_internal.TensorProtocol) and not isinstance(variable, (tf.Tensor, tf.Variable))
     assert isinstance(_tf_internal.ShardedVariable, type) and not issubclass(_tf_internal.ShardedVariable, tf.Variable)
+
+
+def test_gradient_function_tells_an_op_with_a_gradient_from_one_declared_without_and_one_with_none():
+    graph = tf.function(lambda x: (x * 2.0, tf.raw_ops.RandomGammaGrad(alpha=x, sample=x), tf.zeros_like(x)))
+    ops = {op.type: op for op in graph.get_concrete_function(tf.TensorSpec([2])).graph.get_operations()}
+    assert callable(_tf_internal.gradient_function(ops["Mul"]))
+    assert _tf_internal.gradient_function(ops["ZerosLike"]) is None  # declared not differentiable
+    with pytest.raises(LookupError):
+        _tf_internal.gradient_function(ops["RandomGammaGrad"])

@@ -115,6 +115,16 @@ def test_gradients_that_call_each_other(mode):
     np.testing.assert_allclose(got, vjp(plain, x), rtol=1e-12)
 
 
+def test_gradients_that_call_each_other_in_a_tf1_graph():
+    with tf.Graph().as_default():
+        x = tf.constant([[0.3, -1.0], [2.0, 0.5]], tf.float64)
+        (got,) = tf.gradients(broadcast(psum(x) ** 2, tf.shape(x)), x)
+        (want,) = tf.gradients(tf.broadcast_to(tf.reduce_sum(x) ** 2, tf.shape(x)), x)
+        with tf.compat.v1.Session() as session:
+            got, want = session.run([got, want])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
 @custom_gradient
 def doubled(x):
     return 2 * x, lambda dy: halved_back(dy)
