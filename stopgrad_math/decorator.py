@@ -370,9 +370,10 @@ def _dot_product_test(plan: _Plan, inner: tf.GradientTape, gradients: list[Gradi
     a = [linearity.random_like(g.values, [1, k]) for k, g in enumerate(gradients)]
     pairs = zip(plan.outputs.differentiable, watched, strict=True)
     b = {i: linearity.random_like(w, [2, k]) for k, (i, w) in enumerate(pairs)}
-    transposed = _transposed(inner, gradients, watched, a)
-    direct = {g.name: g.values for g in plan.gradients({i: plan.outputs.components[i].rebuild(d)
-                                                        for i, d in b.items()})}
+    with _tf_internal.stop_recording():  # numbers to compare, nothing for the caller's tapes to keep
+        transposed = _transposed(inner, gradients, watched, a)
+        direct = {g.name: g.values for g in plan.gradients({i: plan.outputs.components[i].rebuild(d)
+                                                            for i, d in b.items()})}
     pairs_t = [(t, b_i) for t, b_i in zip(transposed, b.values(), strict=True) if t is not None]
     pairs_d = [(a_g, direct[g.name]) for a_g, g in zip(a, gradients, strict=True)]
     dtype = plan.outputs.components[plan.outputs.differentiable[0]].tensor.dtype
