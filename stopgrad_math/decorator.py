@@ -416,11 +416,11 @@ def _jacobian_term(plan: _Plan, gradient: Gradient, rows: list[tf.Tensor | None]
 
 
 _OPAQUE = (
-    f"grad_fn cannot be transposed, which the decorator needs to embed it for a y of more than {SMALL_Y} "
-    "elements: {reason}. A grad_fn that calls external code (tf.numpy_function), ops whose gradient is disabled "
+    "grad_fn cannot be transposed, which the decorator needs to embed it for a y of more than one element: "
+    "{reason}. A grad_fn that calls external code (tf.numpy_function), ops whose gradient is disabled "
     "(PreventGradient) or stop_gradient on its upstream (tf.while_loop(back_prop=False)) can be embedded where y "
-    f"has at most {SMALL_Y} elements (J is then built from grad_fn on unit upstreams); otherwise compute the "
-    "Jacobian and pass it to the identity form, custom_gradient(fx, jacobian, x)."
+    f"has at most {SMALL_Y} elements known while tracing (J is then built from grad_fn on unit upstreams); "
+    "otherwise compute the Jacobian and pass it to the identity form, custom_gradient(fx, jacobian, x)."
 )
 
 

@@ -271,3 +271,10 @@ def test_gamma_samples_side_by_side_with_tf_custom_gradient():
 def test_gamma_samples_in_a_traced_function_differentiated_from_outside():
     traced = tf.function(gamma_sample)
     np.testing.assert_allclose(vjp(traced, ALPHA, tf.constant(WEIGHTS)), _want(ALPHA), rtol=1e-12)
+
+
+def test_a_y_whose_size_is_unknown_while_tracing_cannot_take_unit_upstreams():
+    embedded = custom_gradient(_prevented_3x)
+    traced = tf.function(lambda x: vjp(embedded, x), input_signature=[tf.TensorSpec(None, tf.float64)])
+    with pytest.raises(ValueError, match="at most 16 elements known while tracing"):
+        traced.get_concrete_function()
