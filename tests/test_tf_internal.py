@@ -56,7 +56,7 @@ def test_variable_types():
 
 
 def test_gradient_function_tells_an_op_with_a_gradient_from_one_declared_without_and_one_with_none():
-    graph = tf.function(lambda x: (x * 2.0, tf.raw_ops.RandomGammaGrad(alpha=x, sample=x), tf.zeros_like(x)))
+    graph = tf.function(lambda x: (x * 2.0, tf.raw_ops.RandomGammaGrad(alpha=x, sample=x), tf.raw_ops.ZerosLike(x=x)))
     ops = {op.type: op for op in graph.get_concrete_function(tf.TensorSpec([2])).graph.get_operations()}
     assert callable(_tf_internal.gradient_function(ops["Mul"]))
     assert _tf_internal.gradient_function(ops["ZerosLike"]) is None  # declared not differentiable
