@@ -42,7 +42,9 @@ def untransposable_ops(ops: Sequence[tf.Operation], upstreams: Sequence[tf.Tenso
             blocking.append(op)
         else:
             on_path.update(t.ref() for t in op.outputs)
-    needed = _ancestors(results)
+    if not blocking:
+        return []
+    needed = _ancestors(results, within=set(ops))
     return sorted({op.type for op in blocking if op in needed})
 
 
@@ -57,14 +59,15 @@ def _blocks(op: tf.Operation) -> bool:
         return True
 
 
-def _ancestors(results: Sequence[tf.Tensor]) -> set[tf.Operation]:
+def _ancestors(results: Sequence[tf.Tensor], within: set[tf.Operation]) -> set[tf.Operation]:
+    """The ops among ``within`` that ``results`` depend on (the walk stays inside, not in the whole graph)."""
     seen: set[tf.Operation] = set()
-    stack = [t.op for t in results]
+    stack = [t.op for t in results if t.op in within]
     while stack:
         op = stack.pop()
         if op not in seen:
             seen.add(op)
-            stack.extend(t.op for t in op.inputs)
+            stack.extend(t.op for t in op.inputs if t.op in within)
     return seen
 
 
