@@ -42,6 +42,7 @@ from stopgrad_math import (
     _tf_internal,
     grad_fn_conventions,
     gradient_components,
+    gradient_layout,
     identity,
     inference,
     linearity,
@@ -402,17 +403,19 @@ def _unit_jacobian_terms(plan: _Plan) -> dict[int, list[tf.Tensor]]:
 
 
 def _jacobian_term(plan: _Plan, gradient: Gradient, rows: list[tf.Tensor | None], y: tf.Tensor) -> tf.Tensor:
-    """Σ_j J[k, j]·v[j] in y's shape, J[k] = conj(row k) (TensorFlow's convention for a complex y)."""
-    zero = gradient.zero()  # shaped like the argument, which grad_fn's rows may not say while tracing
-    jacobian = tf.stack([tf.zeros_like(zero, gradient.values.dtype) if row is None else row for row in rows])
+    """Σ_j J[k, j]·v[j] in y's shape, J[k] = conj(row k) (TensorFlow's convention for a complex y): the identity
+    form's term for a full Jacobian."""
+    component = gradient.component
+    jacobian = tf.stack([tf.zeros_like(component.tensor, gradient.values.dtype) if row is None else row
+                         for row in rows])
     jacobian = tf.math.conj(jacobian) if identity.is_complex(y.dtype) else jacobian
     if plan.order == 1:
         jacobian = identity.stop(jacobian)
-    jacobian = tf.reshape(jacobian, tf.concat([tf.shape(y), tf.shape(zero)], 0))
-    product = identity.times_zero(jacobian, zero, y.dtype)
-    rank = zero.shape.rank
-    axes = tf.range(tf.rank(y), tf.rank(product)) if rank is None else list(range(-rank, 0))
-    return tf.reduce_sum(product, axis=axes) if rank != 0 else product
+    jacobian = tf.reshape(jacobian, tf.concat([tf.shape(y), tf.shape(component.tensor)], 0))  # rows may be unshaped
+    return gradient_layout.zero_term(gradient.name, _FULL_JACOBIAN, y, component.tensor, jacobian, component.stopped)
+
+
+_FULL_JACOBIAN = gradient_layout.Choice((gradient_layout.Layout.JACOBIAN,), static=True)
 
 
 _OPAQUE = (

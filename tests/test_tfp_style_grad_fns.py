@@ -278,3 +278,18 @@ def test_a_y_whose_size_is_unknown_while_tracing_cannot_take_unit_upstreams():
     traced = tf.function(lambda x: vjp(embedded, x), input_signature=[tf.TensorSpec(None, tf.float64)])
     with pytest.raises(ValueError, match="at most 16 elements known while tracing"):
         traced.get_concrete_function()
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_unit_upstreams_follow_tfs_complex_convention(mode):
+    """z² with grad_fn conj(2z)·dy behind PreventGradient: J = conj(grad_fn(e_k)), as for one element."""
+
+    def square(z):
+        return z * z, lambda dy: tf.raw_ops.PreventGradient(input=tf.math.conj(2 * z) * dy)
+
+    z = tf.constant([1 + 2j, -0.5j, 3 - 1j], tf.complex128)
+    upstream, tangent = tf.constant([1 - 1j, 2, 0.5j], tf.complex128), tf.constant([1j, 1, -2], tf.complex128)
+    embedded = custom_gradient(square)
+    got = in_mode(lambda z: (vjp(embedded, z, upstream), jvp(embedded, z, tangent)), mode)(z)
+    np.testing.assert_allclose(got[0], vjp(tf.custom_gradient(square), z, upstream), rtol=1e-15)
+    np.testing.assert_allclose(got[1], 2 * z * tangent, rtol=1e-15)  # the holomorphic derivative
