@@ -530,8 +530,9 @@ SIGNATURES_KEPT = 256  # input signatures per decorated function whose grad_fn(0
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
     """Returns f with its grad_fn embedded as a linear map.
 
-    The contract, the conventions for grad_fn and the limits are documented
-    on the public entry point, ``stopgrad_math.custom_gradient``. The result
+    The contract is documented on the public entry point,
+    ``stopgrad_math.custom_gradient``, and the conventions for grad_fn and
+    the limits in the README's decorator section. The result
     keeps f's name and docstring; f itself is its ``undecorated`` attribute.
     """
     check_options(order, check_linearity)

@@ -72,142 +72,51 @@ def custom_gradient(
 ) -> tf.Tensor | Callable[..., Any]:
     """Embeds a known gradient: ``custom_gradient(fx, gx, x)`` or ``@custom_gradient``.
 
-    Two forms, one stop-gradient identity underneath.
+    Two forms, one stop-gradient identity underneath. This is what a call
+    needs; the README, the front page of this reference, has the rest: *What
+    gx means*, *The decorator form* (linearity, higher order, what a grad_fn
+    may contain) and *How it stays exact*.
 
-    **Decorator form** (``@custom_gradient``, ``@custom_gradient(order=2)``):
-    a drop-in for ``tf.custom_gradient`` and keras ``ops.custom_gradient``.
-    ``f(*args, **kwargs)`` returns ``(y, grad_fn)``; grad_fn maps upstream
-    gradients to the gradients of the args (a vector-Jacobian product). The
-    result has the value y bit for bit and the Jacobian J that grad_fn is the
-    transpose of, embedded as a linear map, so it is exact for any function
-    (matmuls, reductions, several outputs), in reverse and forward mode.
-    Second derivatives through it need ``order=2`` (with the default
-    ``order=1`` they are None, unconnected).
-
-        h = y − (J·v − stop(J·v)),  v = stop(x) − x,  J·v = ∂/∂d ⟨grad_fn(d), v⟩ at d = 0
-
-    Where y has one element (a loss, a log-likelihood), J is grad_fn(1) and
-    the identity form embeds it: no transpose, so a grad_fn that TensorFlow
-    cannot differentiate (tf.numpy_function, PreventGradient) and infinite
-    derivatives work there. Where the transpose would not see all of
-    grad_fn (checked while tracing, and eagerly at the first call with each
-    input signature), a y of at most 16 elements gets J from grad_fn on
-    unit upstreams, and a larger one raises ValueError.
-
-    * grad_fn may be written ``grad(upstream)``, ``grad(*upstreams)`` (TF),
-      ``grad(upstream)`` taking y's structure (JAX), ``grad(*args,
-      upstream=None)`` or ``grad(*args, upstream)`` (keras, torch), and
-      ``grad(*upstreams, variables=None)`` returning ``(grads, grad_vars)``.
-      It returns a gradient per argument, in the arguments' structure (a
-      dict for a dict, matched by key), or a flat list in tf.nest's order
-      (dict keys sorted), one per leaf or per differentiable leaf; None means
-      "no gradient". A gradient may be tf.IndexedSlices, and stays sparse:
-      J·v is formed on the gathered rows alone.
-    * Arguments and outputs may be floating or complex tensors, variables of
-      any kind (tf.Variable, keras.Variable, mirrored, AutoCast, sharded),
-      tf.RaggedTensor (its flat_values carry the gradient), tf.SparseTensor
-      and tf.IndexedSlices (their values), in nested lists, tuples and dicts.
-      Python numbers, strings, None, NumPy arrays, integer tensors and
-      callables are passed through as constants; any other type raises
-      TypeError naming the argument. With nothing differentiable in the
-      arguments or in y, y is returned and grad_fn is not called.
-    * f is evaluated at stop(x): variables read inside f keep their ordinary
-      autodiff gradient, unless grad_fn takes ``variables``, which then gives
-      them. Keyword arguments are constants, except when every argument is a
-      keyword: then those naming positional parameters are bound to them.
-      Nothing is registered in a global gradient registry.
-    * **Linearity.** Any stop-gradient identity makes the backward pass
-      linear in the upstream gradient, and calls grad_fn when f is called
-      (with upstream 0, and 1 for a one-element y), not in the backward pass.
-      A grad_fn that clips or normalizes cannot be expressed: its
-      linearization would be embedded. grad_fn(0) ≠ 0 where that is known
-      while tracing (in eager mode, checked at the first call with each input
-      signature, as a trace would be) raises ValueError, as does a result
-      that does not depend on the upstream and is not zero (the zero map,
-      J = 0, is accepted); ``check_linearity=True`` also compares
-      grad_fn(a·d1 + d2) with a·grad_fn(d1) + grad_fn(d2).
-    * **Higher order.** ``order=2`` evaluates J at the midpoint
-      stop(x) + u/2 (equal to x in value) of the integral form
-      h = stop(y) + ∫₀¹ J(stop(x) + t·u)·u dt, which makes second
-      derivatives (Hessians, Hessian-vector products, forward-over-reverse)
-      exact when grad_fn is built from differentiable ops. It calls f once
-      (twice when f reads variables), and the first derivative turns NaN
-      where grad_fn's own derivative is not finite (log1pexp's
-      1 − 1/(1 + exp(x)) at x = 100), which is why it is not the default.
-      tf.custom_gradient differentiates grad_fn's ops instead, which is not
-      the second derivative of f either.
-    * grad_fn may call decorated functions, f itself included (a recursive
-      derivative): it runs with the arguments stopped, and a call there on
-      constants returns its value alone, which ends the recursion (two
-      deep at ``order=2``). Calls on the upstream are embedded; without end
-      they raise ValueError.
-    * In eager mode with no tape or accumulator active, f's y is returned
-      as it is.
-
-    Examples:
-        >>> @custom_gradient
-        ... def log1pexp(x):
-        ...   e = tf.exp(x)
-        ...   return tf.math.log(1 + e), lambda dy: dy * (1 - 1 / (1 + e))
-        >>> x = tf.constant(100.0)
-        >>> with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)) as acc:
-        ...   y = log1pexp(x)
-        >>> float(acc.jvp(y))  # tf.custom_gradient gives NaN here
-        1.0
-
-    **Identity form** (``custom_gradient(fx, gx, x)``): tfp's signature.
-    Returns a Tensor with the value of ``fx`` and the derivative ``gx``
-    w.r.t. ``x``.
-
-    The stop-gradient identity, one term per argument:
+    **Identity form** (``custom_gradient(fx, gx, x)``, tfp's signature): a
+    Tensor with the value of ``fx`` bit for bit (−0.0, inf and NaN included)
+    and the derivative ``gx`` with respect to ``x``:
 
         h = stop(fx) − Σ multiply_no_nan(stop(gx), stop(x) − x)
 
-    Each term is exactly +0.0, so ``h`` equals ``fx`` bit for bit in every
-    floating and complex dtype, −0.0, inf and NaN included, whatever ``gx``
-    and ``x`` hold; its derivative w.r.t. ``x`` is ``gx``. (Two caveats that no
-    TensorFlow arithmetic op escapes: where the CPU kernels flush denormals
-    to zero, a subnormal fx comes back as the zero of its sign; and bfloat16
-    arithmetic returns a NaN as the canonical NaN.)
+    The shape of each gx says what it holds, the first that fits:
+    ``fx.shape + x.shape``, the full Jacobian; ``gx * x`` broadcasting to
+    exactly ``fx.shape``, elementwise; a one-element ``fx`` with gx
+    broadcasting to ``x.shape``, its gradient; otherwise tfp's rule, gx is
+    the gradient of ``reduce_sum(h)``. Anything else raises ValueError while
+    tracing; shapes unknown while tracing are decided at run time by the
+    same rules. Complex values follow TensorFlow's convention (the gradient
+    is conj(gx)·upstream). A zero upstream gives a zero gradient even where
+    gx is inf; an element of x that is inf or NaN keeps the value and gets
+    no gradient.
 
-    The shape of each ``gx`` says what it holds (the first layout that fits):
+    **Decorator form** (``@custom_gradient``, ``@custom_gradient(order=2)``):
+    a drop-in for ``tf.custom_gradient`` and keras ``ops.custom_gradient``.
+    ``f(*args, **kwargs)`` returns ``(y, grad_fn)``, grad_fn a vector-Jacobian
+    product in TensorFlow's, JAX's, Keras's or torch's signature (optionally
+    taking ``variables``). It is embedded as the linear map J it is the
+    transpose of, so the value is y bit for bit and the derivative exact for
+    any function, in reverse and forward mode:
 
-    * ``fx.shape + x.shape``: the full Jacobian, d h[i] / d x[j] = gx[i, j].
-    * ``gx * x`` broadcasts to exactly ``fx.shape``: elementwise,
-      d h[i] / d x[i] = gx[i], summed over the axes along which x is
-      broadcast (a scalar x with a vector fx, a per-row parameter).
-    * ``fx`` has one element and gx broadcasts to ``x.shape``: dh/dx = gx,
-      broadcast (a scalar gx, or a Python float, for every element of x).
-    * otherwise gx broadcasts to ``x.shape`` and takes tfp's rule: the
-      gradient of ``reduce_sum(h)`` is gx, each element of h getting
-      gx / size(fx).
+        h = y − (J·v − stop(J·v)),  v = stop(x) − x,  J·v = ∂/∂d ⟨grad_fn(d), v⟩ at d = 0
 
-    Any other shape, or a gx whose structure differs from x's, raises
-    ValueError while tracing. Where shapes are only partly known while
-    tracing (``TensorSpec(None)``, a batch dimension of None), the layouts
-    the known dimensions allow are kept and the graph takes the first that
-    the run-time shapes fit, so eager and graph agree for the same shapes; a
-    run-time misfit raises InvalidArgumentError with the same words (under
-    XLA, which cannot assert, compilation fails). With these layouts the
-    vector-Jacobian product is right for any upstream gradient, and
-    ForwardAccumulator, jacobian, vectorized_map, tf.function, XLA and
-    SavedModel all see the same derivative, since the identity is made of
-    ordinary ops. For a scalar fx the result is the same as
-    ``tfp.math.custom_gradient``'s.
+    Where y has one element J is grad_fn(1); where the transpose would not
+    see all of grad_fn (checked while tracing, and eagerly at the first call
+    with each input signature) a y of at most 16 elements gets J from
+    grad_fn on unit upstreams, and a larger one raises ValueError. grad_fn
+    runs when f is called, must be linear in the upstream (grad_fn(0) = 0 is
+    checked) and may call decorated functions, f itself included. Arguments
+    may be tensors, variables of any kind, ragged and sparse tensors, in
+    nested structures; other values are constants, and with nothing
+    differentiable y is returned without a call of grad_fn. Second
+    derivatives need ``order=2``.
 
-    Complex fx, gx and x follow TensorFlow's convention for a holomorphic
-    function with derivative gx: the gradient is conj(gx)·upstream, the
-    forward derivative gx·tangent. A complex fx may have real arguments; a
-    real fx takes only real gx and x.
-
-    A zero upstream gradient gives a zero gradient even where gx is inf. At an
-    element of x that is inf or NaN the value is kept and that element gets no
-    gradient (x − stop(x) would be NaN there). The second derivative through
-    a stopped gx is zero (None from a tape); with
-    ``fx_gx_manually_stopped=True`` fx and gx are used as given, so any
-    gradient paths left in them are the caller's (an unstopped g(x) makes
-    the second derivative 2·g', the derivative of f + g(x)·u, as in tfp). In eager mode with no tape
-    or accumulator active, ``fx`` is returned as it is.
+    In eager mode with no tape or accumulator active, the value is returned
+    as it is.
 
     Args:
       fx: floating or complex Tensor, the value f(x); or, alone, the
@@ -237,7 +146,19 @@ def custom_gradient(
         detectably not linear.
 
     Examples:
-        log(1 + exp(x)) with its exact gradient at x = 100.
+        The decorator form, where tf.custom_gradient's forward mode gives NaN:
+
+        >>> @custom_gradient
+        ... def log1pexp(x):
+        ...   e = tf.exp(x)
+        ...   return tf.math.log(1 + e), lambda dy: dy * (1 - 1 / (1 + e))
+        >>> x = tf.constant(100.0)
+        >>> with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)) as acc:
+        ...   y = log1pexp(x)
+        >>> float(acc.jvp(y))
+        1.0
+
+        The identity form: log(1 + exp(x)) with its exact gradient at x = 100.
 
         >>> x = tf.constant([0.0, 100.0])
         >>> with tf.GradientTape() as tape:
