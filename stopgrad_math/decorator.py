@@ -215,12 +215,11 @@ def _unreached(plan: _Plan, gradients: list[Gradient], reached: list[bool]) -> l
     ones = {i: plan.outputs.components[i].rebuild(tf.ones_like(plan.outputs.components[i].tensor))
             for i in plan.outputs.differentiable}  # fmt: skip
     at_one = [g for g in plan.gradients(ones) if g.name in names]
-    for g in at_one:
-        value = tf.get_static_value(g.values)
-        if value is not None and np.any(value != 0):  # a grad_fn(0) that is not zero was refused before
-            raise _Untransposable(f"its result for {g.name} is not zero at upstream 1, yet no tape reaches it from "
-                                  "the upstream (it runs code TensorFlow cannot differentiate)")
-    return [Gradient(g.component, _zero_after(linearity.require_zero(g.values, g.name)), g.indices) for g in at_one]
+    try:
+        checked = [linearity.require_zero(g.values, g.name) for g in at_one]
+    except linearity.NotZeroWithoutTape as error:  # a grad_fn(0) that is not zero was refused before
+        raise _Untransposable(str(error)) from None
+    return [Gradient(g.component, _zero_after(c), g.indices) for g, c in zip(at_one, checked, strict=True)]
 
 
 def _zero_after(checked: tf.Tensor) -> tf.Tensor:

@@ -71,7 +71,7 @@ def _ancestors(results: Sequence[tf.Tensor], within: set[tf.Operation]) -> set[t
     return seen
 
 
-def real_inner_product(a: tf.Tensor, b: tf.Tensor) -> tuple[float, float]:
+def _real_inner_product(a: tf.Tensor, b: tf.Tensor) -> tuple[float, float]:
     """Re Σ conj(a)·b in float64, and Σ |a|·|b| (the scale its rounding is judged against)."""
     a, b = np.asarray(a).astype(np.complex128), np.asarray(b).astype(np.complex128)
     with np.errstate(invalid="ignore", over="ignore"):  # an infinite derivative: the caller skips the test
@@ -82,7 +82,7 @@ def dot_product_mismatch(transposed: Sequence[tuple[tf.Tensor, tf.Tensor]],
                          direct: Sequence[tuple[tf.Tensor, tf.Tensor]], dtype: tf.DType) -> bool:
     """Whether Σ⟨T(a), b⟩ (``transposed``: pairs (T(a), b)) and Σ⟨a, grad_fn(b)⟩ (``direct``: pairs
     (a, grad_fn(b))) differ by more than rounding, sqrt(eps) of their scale; never where either is not finite."""
-    sums = [np.sum([real_inner_product(p, q) for p, q in pairs], axis=0) if pairs else np.zeros(2)
+    sums = [np.sum([_real_inner_product(p, q) for p, q in pairs], axis=0) if pairs else np.zeros(2)
             for pairs in (transposed, direct)]
     (left, left_scale), (right, right_scale) = sums
     if not np.all(np.isfinite([left, right, left_scale, right_scale])):
