@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import cmath
 import contextlib
+import functools
 import math
 from typing import Any
 
@@ -88,24 +89,33 @@ def inexact_tensor(value: Any, what: str, dtype_hint: tf.DType | None = None, co
 def stop(x: tf.Tensor) -> tf.Tensor:
     """stop_gradient of a tensor.
 
-    No tape records the op (as with tf.stop_gradient), so nothing computed
-    from the result is taken for connected to what it came from.
+    No tape or accumulator records it (as with tf.stop_gradient), so nothing
+    computed from the result is taken for connected to what it came from.
     """
     return stop_each([x])[0]
 
 
 def stop_each(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
-    """stop_gradient of each tensor, with the tapes paused once for all of them.
+    """stop_gradient of each tensor.
 
-    Eagerly, a tensor that no tape or accumulator saw being made is stopped
-    for all of them, whatever op made it: one IdentityN makes them all, where
-    StopGradient would take an op each. A graph keeps StopGradient, which is
-    what ``tf.gradients`` and a function's gradient read.
+    Eagerly, a tensor in CPU or GPU memory is stopped by a new handle on its
+    buffer, which no tape or accumulator records, with no op at all. A graph
+    keeps StopGradient, which is what ``tf.gradients`` and a function's
+    gradient read, with the tapes paused (as tf.stop_gradient does) so that
+    nothing computed from the result is taken for connected to its input.
     """
+    if tf.executing_eagerly() and all(isinstance(t, tf.Tensor) and _shared_by_a_copy(t.backing_device)
+                                      for t in tensors):  # a variable is read by StopGradient
+        return [_tf_internal.unrecorded_alias(t) for t in tensors]
     with _tf_internal.stop_recording():
-        if tf.executing_eagerly() and len(tensors) > 1:
-            return list(tf.raw_ops.IdentityN(input=tensors))
         return [tf.raw_ops.StopGradient(input=t) for t in tensors]
+
+
+@functools.cache
+def _shared_by_a_copy(device: str) -> bool:
+    """Whether a handle copied to this device shares the buffer: a physical CPU or GPU. A custom device (a
+    parallel device, DTensor's) defines copies of its own."""
+    return tf.DeviceSpec.from_string(device).device_type in ("CPU", "GPU")
 
 
 # The integer type of each floating type's width, for the bitcast in `unreachable`.

@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from stopgrad_math import zero_with_gradient
-from stopgrad_math.identity import attach, negative_zero_term, nothing_records, stop_each, unreachable
+from stopgrad_math.identity import (
+    _shared_by_a_copy,
+    attach,
+    negative_zero_term,
+    nothing_records,
+    stop_each,
+    unreachable,
+)
 
 FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 SPECIAL = float32_exact([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3e38])
@@ -138,6 +145,34 @@ def test_nothing_records_only_in_eager_without_tape_or_accumulator():
 
 
 ALL_INEXACT = (*FLOATS, tf.complex64, tf.complex128)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_each_keeps_the_values_and_cuts_every_derivative(mode):
+    x, v = tf.constant([1.5, -0.0, 3e38]), tf.Variable([2.0, 3.0, 4.0])
+
+    def stopped_times_unstopped(x):
+        with tf.GradientTape(persistent=True) as tape, tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
+            tape.watch(x)
+            x_stop, v_stop = stop_each([x, v])
+            product = x_stop * x + v_stop * v
+        return x_stop, v_stop, tape.gradient(product, x), tape.gradient(product, v), acc.jvp(product)
+
+    x_stop, v_stop, dx, dv, tangent = in_mode(stopped_times_unstopped, mode)(x)
+    assert_value_exact(x_stop.numpy(), x.numpy())
+    np.testing.assert_array_equal(v_stop, v)
+    np.testing.assert_array_equal(dx, x)
+    np.testing.assert_array_equal(dv, v)
+    np.testing.assert_array_equal(tangent, x)
+
+
+def test_stop_each_runs_no_op_eagerly_for_a_tensor_on_the_cpu(monkeypatch):
+    for op in ("StopGradient", "IdentityN", "Identity"):
+        monkeypatch.setattr(tf.raw_ops, op, None)
+    x = tf.range(1e6)
+    assert np.shares_memory(np.asarray(stop_each([x])[0]), np.asarray(x))  # nor a copy
+    assert _shared_by_a_copy(x.backing_device) and _shared_by_a_copy("/job:localhost/replica:0/task:0/device:GPU:1")
+    assert not _shared_by_a_copy("/job:localhost/replica:0/task:0/device:CUSTOM:0")  # a parallel device's
 
 
 @pytest.mark.parametrize("mode", MODES)
