@@ -29,6 +29,18 @@ def unrecorded_alias(tensor: tf.Tensor) -> tf.Tensor:
     return tensor._copy_to_device(tensor.backing_device)
 
 
+def shape_tuple(tensor: tf.Tensor | tf.Variable) -> tuple[int | None, ...] | None:
+    """The static shape as a tuple, None for an unknown dimension, or None for an unknown rank.
+
+    A tensor's own ``_shape_tuple``: ``.shape`` builds a TensorShape, about 3 µs for each fresh eager tensor when
+    measured between ops, the largest part of the layout choice in eager mode.
+    """
+    if isinstance(tensor, tf.Tensor):
+        return tensor._shape_tuple()  # type: ignore[no-any-return]
+    shape = tensor.shape
+    return None if shape.rank is None else tuple(shape.as_list())
+
+
 stop_recording = _record.stop_recording
 """Pauses every tape and accumulator on the thread. ``GradientTape.stop_recording`` pauses one tape, which the
 library does not hold; ``tf.stop_gradient`` pauses them all this way, one op at a time."""

@@ -31,6 +31,9 @@ import tensorflow as tf
 
 from stopgrad_math import identity, shape_checks
 
+Shape = tuple[int | None, ...] | None
+"""A static shape: a tuple, None for an unknown dimension, or None for an unknown rank."""
+
 
 class Layout(enum.Enum):
     JACOBIAN = "the full Jacobian: gx.shape == fx.shape + x.shape"
@@ -73,25 +76,25 @@ class Choice:
     static: bool
 
 
-def candidates(name: str, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> Choice:
+def candidates(name: str, fx: Shape, x: Shape, gx: Shape) -> Choice:
     """The layouts to choose from: the one that fits where shapes are known, else all that may fit.
 
-    Raises ValueError, naming the argument and the shapes, where none may fit.
+    Shapes are static shapes as tuples (``_tf_internal.shape_tuple``: None
+    for an unknown dimension, or for an unknown rank). Raises ValueError,
+    naming the argument and the shapes, where none may fit.
     """
-    static = fx.is_fully_defined() and x.is_fully_defined() and gx.is_fully_defined()
-    if static:
-        choice = _static_choice(tuple(fx.as_list()), tuple(x.as_list()), tuple(gx.as_list()))
-    else:
-        choice = Choice(tuple(layout for layout in Layout if _may_fit(layout, fx, x, gx)), static=False)
+    choice = _choice(fx, x, gx)
     if not choice.layouts:
-        raise ValueError(_misfit(name, fx, x, gx))
+        raise ValueError(_misfit(name, tf.TensorShape(fx), tf.TensorShape(x), tf.TensorShape(gx)))
     return choice
 
 
-@functools.lru_cache(maxsize=1024)  # eager calls see the same few shapes again and again
-def _static_choice(fx: tuple[int, ...], x: tuple[int, ...], gx: tuple[int, ...]) -> Choice:
+@functools.lru_cache(maxsize=1024)  # eager calls and traces see the same few shapes again and again
+def _choice(fx: Shape, x: Shape, gx: Shape) -> Choice:
     shapes = tf.TensorShape(fx), tf.TensorShape(x), tf.TensorShape(gx)
-    return Choice(next(((layout,) for layout in Layout if _may_fit(layout, *shapes)), ()), static=True)
+    fitting = tuple(layout for layout in Layout if _may_fit(layout, *shapes))
+    static = all(shape.is_fully_defined() for shape in shapes)
+    return Choice(fitting[:1] if static else fitting, static)
 
 
 def _contract(layout: Layout, zero_term: tf.Tensor, fx: tf.Tensor, x: tf.Tensor) -> tf.Tensor:

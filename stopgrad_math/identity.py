@@ -216,7 +216,10 @@ def _finite_in_host_memory(x: tf.Tensor) -> bool:
     """
     if tf.is_symbolic_tensor(x) or "CPU" not in x.backing_device:
         return False
-    values = x.numpy()
+    try:
+        values = np.asarray(x)  # a view of the buffer, where .numpy() copies it (half the cost at 1e6 elements)
+    except ValueError:  # TensorFlow's __array__ of a 0-d bfloat16 tensor returns a NumPy scalar
+        values = x.numpy()
     if values.size <= 16:  # a few elements: Python's isfinite beats two cold NumPy calls
         isfinite = cmath.isfinite if values.dtype.kind == "c" else math.isfinite
         return all(map(isfinite, values.ravel().tolist()))

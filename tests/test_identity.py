@@ -10,6 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 from stopgrad_math import zero_with_gradient
 from stopgrad_math.identity import (
+    _finite_in_host_memory,
     _shared_by_a_copy,
     attach,
     negative_zero_term,
@@ -19,6 +20,7 @@ from stopgrad_math.identity import (
 )
 
 FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+ALL_INEXACT = (*FLOATS, tf.complex64, tf.complex128)
 SPECIAL = float32_exact([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3e38])
 AWKWARD = st.one_of(st.sampled_from(SPECIAL), st.floats(width=32))
 
@@ -90,6 +92,21 @@ def test_eager_finite_tensors_skip_the_mask_and_change_no_bit(x_values, copies):
         np.testing.assert_array_equal(bits(eager), bits(graph))
 
 
+@pytest.mark.parametrize("shape", [[], [3], [40]], ids=["0-d", "a few elements", "more than 16"])
+@pytest.mark.parametrize("dtype", ALL_INEXACT)
+def test_the_host_check_reads_every_dtype_and_size(dtype, shape):
+    """Host tensors are read as views (a 0-d bfloat16 tensor, which NumPy cannot view, as a copy); one inf or
+    NaN anywhere, in either part of a complex number, keeps the mask."""
+    finite = tf.cast(tf.fill(shape, 1.5), dtype)
+    assert _finite_in_host_memory(finite)
+    for bad in (np.inf, -np.inf, np.nan, complex(0.0, np.inf)):
+        if isinstance(bad, complex) and not dtype.is_complex:
+            continue
+        last = tf.cast(tf.constant(bad, tf.complex128 if dtype.is_complex else tf.float64), dtype)
+        x = tf.concat([tf.reshape(finite, [-1])[1:], [last]], 0) if shape else last
+        assert not _finite_in_host_memory(x), (bad, x)
+
+
 @pytest.mark.parametrize("x_values", [[1.0, -0.0, 5e30], [1.0, np.inf, np.nan]], ids=["finite", "not"])
 def test_an_eager_tensor_captured_by_a_trace_is_read_as_the_constant_it_is(x_values):
     """A traced function that closes over an eager x captures its values: the mask is left out only where they
@@ -143,8 +160,6 @@ def test_nothing_records_only_in_eager_without_tape_or_accumulator():
         assert not nothing_records()
     assert not tf.function(lambda: tf.constant(nothing_records()))()
 
-
-ALL_INEXACT = (*FLOATS, tf.complex64, tf.complex128)
 
 
 @pytest.mark.parametrize("mode", MODES)

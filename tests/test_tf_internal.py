@@ -51,6 +51,22 @@ def test_unrecorded_alias_shares_the_buffer_and_no_tape_or_accumulator_sees_it()
     assert accumulator.jvp(alias) is None
 
 
+def test_shape_tuple_is_the_static_shape():
+    seen = {}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3]), tf.TensorSpec(None)])
+    def traced(partly_known, unknown):
+        seen.update(partly=_tf_internal.shape_tuple(partly_known), unknown=_tf_internal.shape_tuple(unknown))
+        return partly_known
+
+    traced.get_concrete_function()
+    assert seen == {"partly": (None, 3), "unknown": None}
+    assert _tf_internal.shape_tuple(tf.zeros([2, 0, 4])) == (2, 0, 4) and _tf_internal.shape_tuple(tf.zeros([])) == ()
+    assert _tf_internal.shape_tuple(tf.Variable(tf.zeros([5, 1]))) == (5, 1)
+    unknown_shape = tf.Variable(tf.zeros([2]), shape=tf.TensorShape(None))
+    assert _tf_internal.shape_tuple(unknown_shape) is None
+
+
 def test_variable_watcher_sees_the_variables_read():
     a, b = tf.Variable(1.0), tf.Variable(2.0)
     with _tf_internal.VariableWatcher() as watcher:
