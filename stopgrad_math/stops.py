@@ -27,9 +27,9 @@ def stop_gradient(structure: Any) -> Any:
 def _stopped(leaf: Any) -> Any:
     if leaf is None:
         return None
-    if not (tf.is_tensor(leaf) or isinstance(leaf, tf.Variable)):  # composites and variables as they are
-        leaf = identity.to_tensor(leaf, "stop_gradient's leaf")
-    return tf.stop_gradient(leaf)
+    if isinstance(leaf, tf.Variable) or (tf.is_tensor(leaf) and not isinstance(leaf, tf.Tensor)):
+        return tf.stop_gradient(leaf)  # a composite part by part, a variable read
+    return identity.stop(identity.to_tensor(leaf, "stop_gradient's leaf"))
 
 
 def _bool_tensor(mask: Any) -> tf.Tensor:
@@ -62,4 +62,4 @@ def stop_gradient_where(x: Any, mask: Any) -> tf.Tensor:
     mask = shape_checks.broadcast_checked(mask, x, "mask", "x")
     if inference.active():
         return inference.undifferentiable(x, [x])
-    return tf.where(mask, tf.stop_gradient(x), x)
+    return tf.where(mask, identity.stop(x), x)

@@ -64,6 +64,22 @@ def test_stop_gradient_over_every_kind_of_structure():
     assert float(total) == 3.0 + 3.0 + 2.0 + 2.0
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_gradient_cuts_reverse_and_forward_mode_for_every_kind_of_leaf(mode):
+    def run(x):
+        with tf.GradientTape() as tape, tf.autodiff.ForwardAccumulator(x, tf.constant([1.0, 10.0])) as accumulator:
+            tape.watch(x)
+            ragged = tf.RaggedTensor.from_row_lengths(x * 3.0, [1, 1])
+            out = stop_gradient({"x": x * 2.0, "ragged": ragged, "count": tf.size(x)})
+            total = tf.reduce_sum(out["x"]) + tf.reduce_sum(out["ragged"]) + 5.0 * x[0]  # connected by x[0] alone
+        return total, tape.gradient(total, x), accumulator.jvp(total), out["count"]
+
+    total, gradient, tangent, count = in_mode(run, mode)(tf.constant([1.0, 2.0]))
+    assert float(total) == 2.0 + 4.0 + 3.0 + 6.0 + 5.0 and int(count) == 2
+    np.testing.assert_array_equal(gradient, [5.0, 0.0])
+    assert float(tangent) == 5.0
+
+
 # ---------------------------------------------------------------- stop_gradient_where
 
 
