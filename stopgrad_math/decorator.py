@@ -58,7 +58,7 @@ _NUMBERS = (bool, int, float, complex, np.ndarray, np.generic)
 def _unconverted_if_lambda(fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn, kept from AutoGraph if it is a lambda: its body is an expression, with no statement to convert,
     and AutoGraph cannot find the source of a lambda beside another on a line (it warns, then runs it as is)."""
-    if tf.executing_eagerly() or getattr(fn, "__name__", "") != "<lambda>":  # AutoGraph acts only while tracing
+    if getattr(fn, "__name__", "") != "<lambda>" or tf.executing_eagerly():  # AutoGraph acts only while tracing
         return fn
     unconverted: Callable[..., Any] = tf.autograph.experimental.do_not_convert(fn)
     return unconverted
