@@ -195,8 +195,8 @@ def _planned(fx: tf.Tensor, label: str, g: Any, x: Any) -> _Planned:
     g = g if isinstance(g, tf.Tensor) else _tensor_like(g, f"the gradient for {label}", dtype_hint=dtype)
     _require_inexact(x.dtype, "{}", dtype, label)
     _require_inexact(g.dtype, "gradient for {}", dtype, label)
-    shapes = (_tf_internal.shape_tuple(t) for t in (fx, x, g))
-    return label, gradient_layout.candidates(label, *shapes), g, x
+    shape = _tf_internal.shape_tuple
+    return label, gradient_layout.candidates(label, shape(fx), shape(x), shape(g)), g, x
 
 
 def scaled_identity(x: tf.Tensor | tf.Variable, scale: Any) -> tf.Tensor:

@@ -102,7 +102,8 @@ def stop_each(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
     buffer, which no tape or accumulator records, with no op at all. A graph
     keeps StopGradient, which is what ``tf.gradients`` and a function's
     gradient read, with the tapes paused (as tf.stop_gradient does) so that
-    nothing computed from the result is taken for connected to its input.
+    nothing computed from the result is taken for connected to its input; so
+    does a variable, or a custom device's tensor, in eager mode.
     """
     if tf.executing_eagerly() and all(isinstance(t, tf.Tensor) and _shared_by_a_copy(t.backing_device)
                                       for t in tensors):  # a variable is read by StopGradient
