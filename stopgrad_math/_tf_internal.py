@@ -8,6 +8,9 @@ library relies on, in ``make test`` and ``make test-oldest``.
 
 from __future__ import annotations
 
+import contextvars
+from typing import Any
+
 import tensorflow as tf
 from tensorflow.python.eager import record as _record
 from tensorflow.python.framework import ops as _ops
@@ -68,3 +71,53 @@ gradient_function = _ops.get_gradient_function
 """The gradient TensorFlow registered for a graph op: None for an op declared not differentiable, LookupError for
 one with none. ``tf.RegisterGradient`` only adds to the registry; nothing public reads it, and the decorator must
 know, while tracing, which of grad_fn's ops a transpose cannot see through."""
+
+
+def function_graph(graph: tf.Graph, name: str) -> tf.Graph | None:
+    """The graph of the function ``name`` that an op of ``graph`` calls (a tf.cond branch, a while body, a nested
+    tf.function), looked up in it and the graphs it is nested in; None where no graph is kept for it.
+
+    Control-flow ops name their bodies by a function attribute, and only the graph's private function library
+    maps the name to the body's ops; the decorator reads them to decide how grad_fn is embedded.
+    """
+    while graph is not None:
+        function = graph._get_function(name)
+        if function is not None:
+            return getattr(function, "graph", None)
+        graph = getattr(graph, "outer_graph", None)
+    return None
+
+
+def captured_value(tensor: tf.Tensor) -> tf.Tensor | None:
+    """The eager tensor that a function's placeholder captures (a value the traced code closed over), or None.
+
+    A FuncGraph keeps its captures privately as well as through ``.captures``; this reads the public list.
+    """
+    graph = tensor.graph
+    for external, internal in getattr(graph, "captures", ()):
+        if internal is tensor and isinstance(external, tf.Tensor) and not tf.is_symbolic_tensor(external):
+            return external
+    return None
+
+
+
+AUTOGRAPH_STATUS: contextvars.ContextVar[Any] = contextvars.ContextVar("stopgrad_math_autograph", default=None)
+"""The AutoGraph status where a decorated function was called, for ``converted``."""
+
+
+def autograph_status() -> Any:
+    """AutoGraph's status at this point: enabled inside code it converts, else disabled or unspecified."""
+    return tf.__internal__.autograph.control_status_ctx()
+
+
+def converted(fn: Any) -> Any:
+    """``fn`` as AutoGraph converts it where the decorated function's caller has AutoGraph on, else as it is.
+
+    The decorator's own code is kept from AutoGraph (it cannot convert it, and warns), which would also keep
+    the user's f and grad_fn from it; Keras converts a layer's ``call`` this way, with the caller's status read
+    through the same ``tf.__internal__`` names. ``tf.autograph.to_graph`` converts always, eagerly too.
+    """
+    status = AUTOGRAPH_STATUS.get()
+    if status is None or status.status.name != "ENABLED":  # as it is: no wrapper on the eager path
+        return fn
+    return tf.__internal__.autograph.tf_convert(fn, status)

@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from stopgrad_math import tolerances
 from stopgrad_math.identity import is_floating
-
-_RTOL = {tf.float16: 3e-2, tf.bfloat16: 3e-2, tf.float32: 1e-3, tf.float64: 1e-6}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +239,7 @@ def check_gradient(
     weights, fn_not_finite = _output_weights(fn, points, seed)
     rows = []
     for i in floating:
-        rtol_i = _RTOL[points[i].dtype.base_dtype] if rtol is None else rtol
+        rtol_i = tolerances.rtol(points[i].dtype, "finite_differences") if rtol is None else rtol
         tolerance = (rtol_i, rtol_i if atol is None else atol)
         numeric, numeric_dtype = _numeric_preferring_float64(fn, points, i, weights, step)
         for mode, derivative in (("reverse", _reverse), ("forward", _forward)):

@@ -55,20 +55,11 @@ from stopgrad_math.gradient_components import Component, Flattened
 _NUMBERS = (bool, int, float, complex, np.ndarray, np.generic)
 
 
-def _unconverted_if_lambda(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn, kept from AutoGraph if it is a lambda: its body is an expression, with no statement to convert,
-    and AutoGraph cannot find the source of a lambda beside another on a line (it warns, then runs it as is)."""
-    if getattr(fn, "__name__", "") != "<lambda>" or tf.executing_eagerly():  # AutoGraph acts only while tracing
-        return fn
-    unconverted: Callable[..., Any] = tf.autograph.experimental.do_not_convert(fn)
-    return unconverted
-
-
 def _call_f(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[..., Any]]:
-    result = _unconverted_if_lambda(f)(*args, **kwargs)
+    result = _tf_internal.converted(f)(*args, **kwargs)
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
         raise TypeError(f"{getattr(f, '__name__', f)} must return a pair (y, grad_fn); got {type(result).__name__}.")
-    return result[0], _unconverted_if_lambda(result[1])
+    return result[0], _tf_internal.converted(result[1])
 
 
 def _positional(
@@ -94,10 +85,12 @@ def _constants(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class _Evaluating:
-    """Set while a grad_fn runs: the order of the embedding that calls it, and how many grad_fns deep."""
+    """Set while a grad_fn runs: the order of the embedding that calls it, how many grad_fns deep, and where
+    the decorated calls it makes on its upstream are kept (each one op box for the route, ``transposition``)."""
 
     order: int
     depth: int
+    boxes: list[transposition.Box]
 
 
 # A grad_fn may call decorated functions, its own f among them (erfcx' = 2x·erfcx − 2/√π). They run when f is
@@ -107,9 +100,9 @@ MAX_DEPTH = 8
 
 
 @contextlib.contextmanager
-def _evaluating(order: int) -> Iterator[None]:
+def _evaluating(order: int, boxes: list[transposition.Box]) -> Iterator[None]:
     outer = _EVALUATING.get()
-    token = _EVALUATING.set(_Evaluating(order, 1 if outer is None else outer.depth + 1))
+    token = _EVALUATING.set(_Evaluating(order, 1 if outer is None else outer.depth + 1, boxes))
     try:
         yield
     finally:
@@ -125,11 +118,12 @@ class _Plan:
     arguments: Flattened
     variables: list[Component]  # read inside f, when grad_fn gives their gradients
     order: int
+    boxes: list[transposition.Box] = dataclasses.field(default_factory=list)  # nested decorated calls
 
     def gradients(self, upstreams: dict[int, Any]) -> list[Gradient]:
         """grad_fn(upstreams), checked and paired with the components they belong to."""
         variables = [c.value for c in self.variables]
-        with _evaluating(self.order):
+        with _evaluating(self.order, self.boxes):
             grads, variable_grads = grad_fn_conventions.call(self.grad_fn, self.outputs, upstreams, variables)
         pairs = grad_fn_conventions.match(grads, self.arguments)
         if self.variables:
@@ -187,45 +181,188 @@ def _one_element_output(plan: _Plan) -> int | None:
     return differentiable[0] if isinstance(output.value, tf.Tensor) and output.value.shape.num_elements() == 1 else None
 
 
-def _has_derivative(inner: tf.GradientTape, gradient: Gradient, watched: list[tf.Tensor]) -> bool:
-    """Whether a recorded result has a derivative w.r.t. the upstream.
+# ---------------------------------------------------------------- 2. the route, from grad_fn's ops
 
-    A graph's tape records ops whose gradient is none (PyFunc); asking costs
-    only tracing, since the graph prunes ops nothing uses. Eager tapes skip
-    such ops, so there being recorded is the answer.
-    """
-    if tf.executing_eagerly():
-        return True
+
+@dataclasses.dataclass
+class _Probe:
+    """grad_fn called on zero upstreams that a tape watches: its ops say the route, its tape gives J·v."""
+
+    tape: tf.GradientTape
+    upstreams: dict[int, tf.Tensor]  # per differentiable output: the watched zeros
+    gradients: list[Gradient]
+    reached: list[bool]  # per gradient: whether the tape records it from the upstream
+    first_op: int  # in a graph: where grad_fn's ops begin
+
+    @property
+    def watched(self) -> list[tf.Tensor]:
+        return list(self.upstreams.values())
+
+    def findings(self, plan: _Plan) -> list[transposition.Finding]:
+        """While tracing: the ops grad_fn made, read as the route needs them."""
+        ops = tf.compat.v1.get_default_graph().get_operations()[self.first_op:]
+        return transposition.findings(ops, self.watched, [g.values for g in self.gradients], plan.boxes)
+
+
+def _probe(plan: _Plan, persistent: bool, watch: bool = True) -> _Probe:
+    """grad_fn on zero upstreams; ``watch``: a tape records it from them (the transpose needs one; for a y of
+    one element none does, so that decorated calls inside grad_fn take the upstream as the constant it is)."""
+    zeros = {i: tf.zeros_like(plan.outputs.components[i].tensor) for i in plan.outputs.differentiable}
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    first_op = len(graph.get_operations()) if graph is not None else 0
+    with tf.GradientTape(watch_accessed_variables=False, persistent=persistent) as tape:
+        tape.watch(list(zeros.values()) if watch else [])
+        gradients = plan.gradients({i: plan.outputs.components[i].rebuild(d) for i, d in zeros.items()})
+        reached = [_tf_internal.should_record_backprop([g.values]) for g in gradients]
+    return _Probe(tape, zeros, gradients, reached, first_op)
+
+
+def _route(plan: _Plan, probe: _Probe | None, routes: recent.Recent[transposition.Route],
+           signature: Hashable | None, require_proof: bool) -> transposition.Route:
+    """The route for this call: from the ops of the probe while tracing; in eager mode from a trace of grad_fn
+    made once per input ``signature`` (or, where grad_fn cannot be traced, from numerical tests)."""
+    one_element, small = _one_element(plan), _small(plan)
+    if probe is not None:
+        return transposition.choose_route(probe.findings(plan), one_element, small)
+    route = routes.get(signature) if signature is not None else None
+    if route is None:
+        found = _traced_findings(plan)
+        if found is None:
+            if require_proof:
+                raise ValueError(_UNTRACEABLE)
+            route = _tested_route(plan, one_element, small)
+        else:
+            route = transposition.choose_route(found, one_element, small)
+        if signature is not None:
+            routes.put(signature, route)
+    return route
+
+
+_UNTRACEABLE = (
+    "grad_fn cannot be traced into a graph (it reads tensor values in Python, or runs inside a replica context), "
+    "so its linearity cannot be proven from its ops, and check_linearity=True asks for that proof."
+)
+
+
+def _traced_findings(plan: _Plan) -> list[transposition.Finding] | None:
+    """Eager mode: grad_fn traced into a graph on upstreams of y's shapes, its ops read. None where it cannot
+    be: in a replica context a trace would run grad_fn's collectives without the other replicas."""
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+        return None
+    outputs = plan.outputs.components
+    specs = [tf.TensorSpec(outputs[i].tensor.shape, outputs[i].tensor.dtype) for i in plan.outputs.differentiable]
+
+    watch = not _one_element(plan)  # as the probe watches them while tracing
+
+    def call(upstreams: list[tf.Tensor]) -> tuple[list[tf.Tensor], list[transposition.Box]]:
+        plan.boxes.clear()
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(upstreams if watch else [])
+            pairs = zip(plan.outputs.differentiable, upstreams, strict=True)
+            gradients = plan.gradients({i: outputs[i].rebuild(d) for i, d in pairs})
+        return [g.values for g in gradients], list(plan.boxes)
+
+    return transposition.trace(call, specs)
+
+
+def _tested_route(plan: _Plan, one_element: bool, small: bool) -> transposition.Route:
+    """Where grad_fn cannot be traced: numerical evidence, a sample rather than a proof (grad_fn(0) = 0,
+    superposition on random upstreams, and for the transpose a dot-product test)."""
+    _check_superposition(plan)
+    if one_element:
+        return transposition.Route.ONE_ELEMENT
+    probe = _probe(plan, persistent=True)
+    linearity.check_at_zero([g.values for g in probe.gradients], [g.name for g in probe.gradients])
     try:
-        return any(p is not None for p in inner.gradient(gradient.values, watched))
-    except LookupError:  # a gradient that refuses to exist: the transpose says so, naming the way out
-        return True
+        _dot_product_test(plan, probe)
+    except _Untransposable as reason:
+        if not small:
+            raise ValueError(transposition.OPAQUE_MESSAGE.format(reason=reason)) from None
+        return transposition.Route.UNIT_UPSTREAMS
+    return transposition.Route.TRANSPOSE
 
 
-def _unreached(plan: _Plan, gradients: list[Gradient], reached: list[bool]) -> list[Gradient]:
-    """The gradients no tape reaches from the upstream, each taken at upstream 1 and checked to be zero.
+def _one_element(plan: _Plan) -> bool:
+    index = _one_element_output(plan)
+    return index is not None and _real_or_all_complex(plan, index)
 
-    Such a result is either constant, linear only as the zero map (J = 0), or
-    computed by code the tape does not record (tf.numpy_function), which is
-    zero at upstream 0 too; at upstream 1 the zero map alone is zero.
-    """
-    names = {g.name for g, r in zip(gradients, reached, strict=True) if not r}
-    if not names:
-        return []
-    ones = {i: plan.outputs.components[i].rebuild(tf.ones_like(plan.outputs.components[i].tensor))
-            for i in plan.outputs.differentiable}  # fmt: skip
-    at_one = [g for g in plan.gradients(ones) if g.name in names]
+
+def _small(plan: _Plan) -> bool:
+    """Whether J can be built from unit upstreams: a few output elements known while tracing, dense gradients
+    of a real function or of a complex one with complex arguments (J is then conj(grad_fn(e_k)))."""
+    outputs = [plan.outputs.components[i] for i in plan.outputs.differentiable]
+    sizes = [c.value.shape.num_elements() if isinstance(c.value, tf.Tensor) else None for c in outputs]
+    known = [n for n in sizes if n is not None]
+    if len(known) < len(sizes) or sum(known) > transposition.SMALL_Y:
+        return False
+    return all(_real_or_all_complex(plan, i) for i in plan.outputs.differentiable)
+
+
+class _Untransposable(Exception):
+    """The tape's transpose of grad_fn is not the whole of it."""
+
+
+def _dot_product_test(plan: _Plan, probe: _Probe) -> None:
+    """Eager mode, grad_fn untraceable: ⟨T(a), b⟩ = ⟨a, grad_fn(b)⟩ for random a, b, or _Untransposable."""
+    connected = [g for g, r in zip(probe.gradients, probe.reached, strict=True) if r]
+    a = [linearity.random_like(g.values, [1, k]) for k, g in enumerate(connected)]
+    b = {i: linearity.random_like(w, [2, k]) for k, (i, w) in enumerate(probe.upstreams.items())}
+    with _tf_internal.stop_recording():  # numbers to compare, nothing for the caller's tapes to keep
+        transposed = _transposed(probe, connected, a)
+        direct = {g.name: g.values for g in plan.gradients({i: plan.outputs.components[i].rebuild(d)
+                                                            for i, d in b.items()})}
+    pairs_t = [(t, b_i) for t, b_i in zip(transposed, b.values(), strict=True) if t is not None]
+    pairs_d = [(a_g, direct[g.name]) for a_g, g in zip(a, connected, strict=True)]
+    unconnected = [direct[g.name] for g in probe.gradients if g not in connected]
+    dtype = plan.outputs.components[plan.outputs.differentiable[0]].tensor.dtype
+    if any(np.any(np.asarray(u) != 0) for u in unconnected):
+        raise _Untransposable("grad_fn computes part of its result where no tape records it")
+    if transposition.dot_product_mismatch(pairs_t, pairs_d, dtype):
+        raise _Untransposable("the tape sees only part of it (a dot-product test of the transpose fails)")
+
+
+def _transposed(probe: _Probe, gradients: list[Gradient], vectors: list[tf.Tensor]) -> list[Any]:
+    """J·vector for each watched upstream: grad_fn's ops differentiated against the vectors."""
+    if not gradients:
+        return [None] * len(probe.upstreams)
     try:
-        checked = [linearity.require_zero(g.values, g.name) for g in at_one]
-    except linearity.NotZeroWithoutTape as error:  # a grad_fn(0) that is not zero was refused before
-        raise _Untransposable(str(error)) from None
-    return [Gradient(g.component, _zero_after(c), g.indices) for g, c in zip(at_one, checked, strict=True)]
+        return list(probe.tape.gradient([g.values for g in gradients], probe.watched, output_gradients=vectors))
+    except LookupError as error:
+        raise _Untransposable(str(error)) from error
 
 
-def _zero_after(checked: tf.Tensor) -> tf.Tensor:
-    """Zeros computed from ``checked``, so that its check runs with them. Where nothing can check it (XLA
-    compiles assertions to nothing) the argument gets a zero gradient, never the constant times the upstream."""
-    return tf.math.multiply_no_nan(identity.stop(checked), tf.zeros([], checked.dtype))
+# ---------------------------------------------------------------- 3. the zero term of each route
+
+
+def _one_element_terms(plan: _Plan, probe: _Probe | None) -> dict[int, list[tf.Tensor]]:
+    """y of one element: its derivative is grad_fn(1), embedded as the identity form does (no transpose)."""
+    index = plan.outputs.differentiable[0]
+    y = plan.outputs.components[index].tensor
+    gradients = plan.gradients({index: plan.outputs.components[index].rebuild(tf.ones_like(y))})
+    if plan.order == 1:
+        gradients = _stopped_values(gradients)
+    # grad_fn(1) is conj(J) for a complex y, TensorFlow's convention.
+    return {index: _scalar_terms(gradients, y.dtype, y.shape, conjugate=identity.is_complex(y.dtype))}
+
+
+def _transpose_terms(plan: _Plan, probe: _Probe | None) -> dict[int, list[tf.Tensor]]:
+    """The zero term of each output component: J·v, the derivative of ⟨grad_fn(d), v⟩ w.r.t. d at d = 0.
+
+    A result that no tape reaches from the upstream was proven zero by the
+    route (J = 0 there): it still connects its argument, with a zero
+    gradient, as tf.custom_gradient's zeros do.
+    """
+    probe = probe or _probe(plan, persistent=False)
+    connected = [g for g, r in zip(probe.gradients, probe.reached, strict=True) if r]
+    vectors = [tf.cast(g.zero(), g.values.dtype) for g in connected]
+    products = _transposed(probe, connected, vectors) if connected else [None] * len(probe.upstreams)
+    zero = [Gradient(g.component, tf.zeros_like(identity.stop(g.values)), g.indices)
+            for g, r in zip(probe.gradients, probe.reached, strict=True) if not r]
+    terms: dict[int, list[tf.Tensor]] = {}
+    for i, product in zip(probe.upstreams, products, strict=True):
+        terms[i] = [] if product is None else [identity.zero_with_slope(product, False)]
+        terms[i] += _scalar_terms(zero, plan.outputs.components[i].tensor.dtype)
+    return terms
 
 
 def _stopped_values(gradients: list[Gradient]) -> list[Gradient]:
@@ -257,131 +394,7 @@ def _summed_to(product: tf.Tensor, shape: tf.TensorShape) -> tf.Tensor:
     return tf.reshape(total, shape) if shape.rank else total
 
 
-def _embed_one_element(plan: _Plan, index: int, checked: recent.Recent[str], signature: Hashable | None) -> Any:
-    """y of one element: its derivative is grad_fn(1), embedded as the identity form does (no transpose).
-
-    grad_fn(0) must be zero. It is checked while tracing (a graph prunes its
-    ops unless its value is static) and, in eager mode, at the first call with
-    each ``signature`` (see ``_eager_signature``), as a trace would be: it
-    costs a call of grad_fn.
-    """
-    output = plan.outputs.components[index]
-    y = output.tensor
-    if signature is None or signature not in checked:
-        at_zero = plan.gradients({index: output.rebuild(tf.zeros_like(y))})
-        linearity.check_at_zero([g.values for g in at_zero], [g.name for g in at_zero])
-        if signature is not None:
-            checked.put(signature, "zero")
-    gradients = plan.gradients({index: output.rebuild(tf.ones_like(y))})
-    if plan.order == 1:
-        gradients = _stopped_values(gradients)
-    # grad_fn(1) is conj(J) for a complex y, TensorFlow's convention.
-    return plan.with_terms({index: _scalar_terms(gradients, y.dtype, y.shape, conjugate=identity.is_complex(y.dtype))})
-
-
-class _Untransposable(Exception):
-    """The tape's transpose of grad_fn is not the whole of it (see ``transposition``)."""
-
-
-SMALL_Y = 16  # elements of y up to which J is built from grad_fn on unit upstreams where the transpose fails
-
-
-def _embed_many(plan: _Plan, routes: recent.Recent[str], signature: Hashable | None) -> Any:
-    """y of more than one element: J·v by the transpose trick, checked to be complete; where it is not, or
-    cannot be formed, J from grad_fn on unit upstreams for a small y, and ValueError for a larger one.
-
-    In eager mode the check (a dot-product test, a call of grad_fn more) is
-    made at the first call with each ``signature``, and its answer kept.
-    """
-    route = routes.get(signature) if signature is not None else None
-    if route != "unit":
-        try:
-            terms = _jacobian_times_zeros(plan, verify=route is None)
-        except _Untransposable as reason:
-            if not _small(plan):
-                raise ValueError(_OPAQUE.format(reason=reason)) from None
-        else:
-            if signature is not None:
-                routes.put(signature, "transpose")
-            return plan.with_terms(terms)
-    if signature is not None:
-        routes.put(signature, "unit")
-    return plan.with_terms(_unit_jacobian_terms(plan))
-
-
-def _small(plan: _Plan) -> bool:
-    """Whether J can be built from unit upstreams: a few output elements known while tracing, dense gradients
-    of a real function or of a complex one with complex arguments (J is then conj(grad_fn(e_k)))."""
-    outputs = [plan.outputs.components[i] for i in plan.outputs.differentiable]
-    sizes = [c.value.shape.num_elements() if isinstance(c.value, tf.Tensor) else None for c in outputs]
-    known = [n for n in sizes if n is not None]
-    if len(known) < len(sizes) or sum(known) > SMALL_Y:
-        return False
-    return all(_real_or_all_complex(plan, i) for i in plan.outputs.differentiable)
-
-
-def _jacobian_times_zeros(plan: _Plan, verify: bool) -> dict[int, list[tf.Tensor]]:
-    """The zero term of each output component: J·v, the derivative of ⟨grad_fn(d), v⟩ w.r.t. d at d = 0.
-
-    Raises _Untransposable where the tape cannot transpose grad_fn, or (while
-    tracing, and in eager mode with ``verify``) where it sees only part of it.
-    """
-    zero_upstreams = {i: tf.zeros_like(plan.outputs.components[i].tensor) for i in plan.outputs.differentiable}
-    upstreams = {i: plan.outputs.components[i].rebuild(d) for i, d in zero_upstreams.items()}
-    watched = list(zero_upstreams.values())
-    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-    first_op = len(graph.get_operations()) if graph is not None else 0
-    with tf.GradientTape(watch_accessed_variables=False, persistent=graph is not None or verify) as inner:
-        inner.watch(watched)
-        gradients = plan.gradients(upstreams)
-        recorded = [_tf_internal.should_record_backprop([g.values]) for g in gradients]
-    linearity.check_at_zero([g.values for g in gradients], [g.name for g in gradients])
-    if graph is not None:
-        blocking = transposition.untransposable_ops(graph.get_operations()[first_op:], watched,
-                                                    [g.values for g in gradients])
-        if blocking:
-            raise _Untransposable(f"its ops {', '.join(blocking)} take the upstream where no tape follows")
-    reached = [r and _has_derivative(inner, g, watched) for g, r in zip(gradients, recorded, strict=True)]
-    connected = [g for g, r in zip(gradients, reached, strict=True) if r]
-    zero = _unreached(plan, gradients, reached)
-    terms: dict[int, list[tf.Tensor]] = {i: [] for i in zero_upstreams}
-    if connected:
-        products = _transposed(inner, connected, watched, [tf.cast(g.zero(), g.values.dtype) for g in connected])
-        if verify and graph is None:
-            _dot_product_test(plan, inner, connected, watched)
-        for i, product in zip(zero_upstreams, products, strict=True):
-            terms[i] += [] if product is None else [identity.zero_with_slope(product, False)]
-    for i in terms:  # the zero maps connect their arguments: zero gradients, not None, as tf.custom_gradient
-        terms[i] += _scalar_terms(zero, plan.outputs.components[i].tensor.dtype)
-    return terms
-
-
-def _transposed(inner: tf.GradientTape, gradients: list[Gradient], watched: list[tf.Tensor],
-                vectors: list[tf.Tensor]) -> list[Any]:
-    """J·vector for each watched upstream: grad_fn's ops differentiated against the vectors."""
-    try:
-        return list(inner.gradient([g.values for g in gradients], watched, output_gradients=vectors))
-    except LookupError as error:
-        raise _Untransposable(str(error)) from error
-
-
-def _dot_product_test(plan: _Plan, inner: tf.GradientTape, gradients: list[Gradient], watched: list[tf.Tensor]) -> None:
-    """Eager mode: ⟨T(a), b⟩ = ⟨a, grad_fn(b)⟩ for random a, b, or _Untransposable."""
-    a = [linearity.random_like(g.values, [1, k]) for k, g in enumerate(gradients)]
-    pairs = zip(plan.outputs.differentiable, watched, strict=True)
-    b = {i: linearity.random_like(w, [2, k]) for k, (i, w) in enumerate(pairs)}
-    with _tf_internal.stop_recording():  # numbers to compare, nothing for the caller's tapes to keep
-        transposed = _transposed(inner, gradients, watched, a)
-        direct = {g.name: g.values for g in plan.gradients({i: plan.outputs.components[i].rebuild(d)
-                                                            for i, d in b.items()})}
-    pairs_t = [(t, b_i) for t, b_i in zip(transposed, b.values(), strict=True) if t is not None]
-    pairs_d = [(a_g, direct[g.name]) for a_g, g in zip(a, gradients, strict=True)]
-    dtype = plan.outputs.components[plan.outputs.differentiable[0]].tensor.dtype
-    if transposition.dot_product_mismatch(pairs_t, pairs_d, dtype):
-        raise _Untransposable("the tape sees only part of it (a dot-product test of the transpose fails)")
-
-
-def _unit_jacobian_terms(plan: _Plan) -> dict[int, list[tf.Tensor]]:
+def _unit_upstream_terms(plan: _Plan, probe: _Probe | None) -> dict[int, list[tf.Tensor]]:
     """J built row by row from grad_fn on unit upstreams (no transpose), embedded as the identity form embeds
     a full Jacobian: term = Σ_j J[k, j]·v[j] for each output element k."""
     terms: dict[int, list[tf.Tensor]] = {}
@@ -394,7 +407,8 @@ def _unit_jacobian_terms(plan: _Plan) -> dict[int, list[tf.Tensor]]:
             unit = tf.reshape(tf.one_hot(k, size, dtype=y.dtype), y.shape)
             for g in plan.gradients({i: plan.outputs.components[i].rebuild(unit)}):
                 if g.indices is not None:
-                    raise ValueError(_OPAQUE.format(reason="its gradients are sparse (tf.IndexedSlices)"))
+                    reason = "its gradients are sparse (tf.IndexedSlices)"
+                    raise ValueError(transposition.OPAQUE_MESSAGE.format(reason=reason))
                 leaves[g.name] = g
                 rows.setdefault(g.name, [None] * size)[k] = g.values
         terms[i] = [_jacobian_term(plan, leaves[name], columns, y) for name, columns in rows.items()]
@@ -416,14 +430,11 @@ def _jacobian_term(plan: _Plan, gradient: Gradient, rows: list[tf.Tensor | None]
 
 _FULL_JACOBIAN = gradient_layout.Choice((gradient_layout.Layout.JACOBIAN,), static=True)
 
-
-_OPAQUE = (
-    "grad_fn cannot be transposed, which the decorator needs to embed it for a y of more than one element: "
-    "{reason}. A grad_fn that calls external code (tf.numpy_function), ops whose gradient is disabled "
-    "(PreventGradient) or stop_gradient on its upstream (tf.while_loop(back_prop=False)) can be embedded where y "
-    f"has at most {SMALL_Y} elements known while tracing (J is then built from grad_fn on unit upstreams); "
-    "otherwise compute the Jacobian and pass it to the identity form, custom_gradient(fx, jacobian, x)."
-)
+_TERMS = {
+    transposition.Route.ONE_ELEMENT: _one_element_terms,
+    transposition.Route.TRANSPOSE: _transpose_terms,
+    transposition.Route.UNIT_UPSTREAMS: _unit_upstream_terms,
+}
 
 
 def _eager_signature(plan: _Plan, kwargs: dict[str, Any]) -> Hashable | None:
@@ -445,21 +456,31 @@ def _spec(component: Component) -> Hashable:
     if component.differentiable:
         return tuple(component.shape.as_list()), component.dtype
     value = component.value
-    return (tuple(value.shape.as_list()), value.dtype) if isinstance(value, tf.Tensor) else value
+    if isinstance(value, tf.Tensor):
+        return tuple(value.shape.as_list()), value.dtype
+    return value if _hashable(value) else id(value)  # an object (self) by identity, as tf.function keys it
 
 
-def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int, check_linearity: bool,
-           checked: recent.Recent[str]) -> Any:
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int, require_proof: bool,
+           routes: recent.Recent[transposition.Route]) -> Any:
+    """evaluate f → choose the route → build the zero terms → attach them to y."""
     plan = _evaluate(f, args, kwargs, order)
     if not plan.outputs.differentiable or not (plan.arguments.differentiable or plan.variables):
         return plan.outputs.structure  # nothing to differentiate: no grad_fn call, as tf.custom_gradient
-    if check_linearity:
-        _check_superposition(plan)
-    index = _one_element_output(plan)
-    signature = _eager_signature(plan, kwargs)
-    if index is not None and _real_or_all_complex(plan, index):
-        return _embed_one_element(plan, index, checked, signature)
-    return _embed_many(plan, checked, signature)
+    probe = None if tf.executing_eagerly() else _probe(plan, persistent=True, watch=not _one_element(plan))
+    route = _route(plan, probe, routes, _eager_signature(plan, kwargs), require_proof)
+    return plan.with_terms(_TERMS[route](plan, probe))
 
 
 def _value_alone(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -523,7 +544,7 @@ def check_options(order: Any, check_linearity: Any) -> None:
         raise TypeError(f"check_linearity must be True or False; got {check_linearity!r}.")
 
 
-SIGNATURES_KEPT = 256  # input signatures per decorated function whose grad_fn(0) was checked in eager mode
+SIGNATURES_KEPT = 256  # input signatures per decorated function whose route eager mode keeps
 
 
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
@@ -538,23 +559,46 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
 
     # A root name scope must start with a letter, digit or '.': '_f' and '<lambda>' would be refused.
     scope = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(f, "__name__", "")).lstrip("_") or "custom_gradient"
-    checked: recent.Recent[str] = recent.Recent(SIGNATURES_KEPT)  # per input signature: what eager mode checked
+    routes: recent.Recent[transposition.Route] = recent.Recent(SIGNATURES_KEPT)  # eager mode: per input signature
+
+    def embedded(status: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        token = _tf_internal.AUTOGRAPH_STATUS.set(status)
+        try:
+            evaluating = _EVALUATING.get()
+            if identity.nothing_records() or not _needs_embedding(evaluating, args, kwargs):
+                return _call_f(f, args, kwargs)[0]
+            with identity.name_scope(scope):
+                if inference.active():
+                    return _value_alone(f, args, kwargs)
+                if evaluating is None:
+                    return _embed(f, args, kwargs, order, check_linearity, routes)
+                return _boxed(evaluating, lambda: _embed(f, args, kwargs, 1, check_linearity, routes))
+        finally:
+            _tf_internal.AUTOGRAPH_STATUS.reset(token)
+
+    # AutoGraph never converts the library's code (it cannot, and would warn); f and grad_fn are converted where
+    # the caller's code is (``_tf_internal.converted``), so `decorated` passes its status on. tf.custom_gradient
+    # converts neither.
+    unconverted = tf.autograph.experimental.do_not_convert(embedded)
 
     @functools.wraps(f)
-    def embedded(*args: Any, **kwargs: Any) -> Any:
-        evaluating = _EVALUATING.get()
-        if identity.nothing_records() or not _needs_embedding(evaluating, args, kwargs):
-            return _call_f(f, args, kwargs)[0]
-        with identity.name_scope(scope):
-            if inference.active():
-                return _value_alone(f, args, kwargs)
-            order_here = order if evaluating is None else 1  # a grad_fn's own derivative is first order
-            return _embed(f, args, kwargs, order_here, check_linearity, checked)
+    def decorated(*args: Any, **kwargs: Any) -> Any:
+        return unconverted(_tf_internal.autograph_status(), args, kwargs)
 
-    # autograph reads a function's source through __wrapped__ and would compile
-    # f in place of this wrapper; the original stays reachable as `undecorated`.
-    del embedded.__wrapped__
-    if embedded.__name__ == "<lambda>":  # AutoGraph would take the wrapper for a lambda, and not find it
-        embedded.__name__ = embedded.__qualname__ = "custom_gradient_of_lambda"
-    embedded.undecorated = f  # type: ignore[attr-defined]  # a function attribute, as tf.function's python_function
-    return embedded
+    del decorated.__wrapped__  # AutoGraph would read f's source through it, and convert f in place of this
+    if decorated.__name__ == "<lambda>":  # AutoGraph would take the wrapper for a lambda, and not find it
+        decorated.__name__ = decorated.__qualname__ = "custom_gradient_of_lambda"
+    decorated.undecorated = f  # type: ignore[attr-defined]  # a function attribute, as tf.function's python_function
+    return decorated
+
+
+def _boxed(evaluating: _Evaluating, embed: Callable[[], Any]) -> Any:
+    """A decorated call on the upstream inside a grad_fn (at order 1: a grad_fn's own derivative is first
+    order); while tracing, its ops are kept as one box for the route of the grad_fn that makes it."""
+    if tf.executing_eagerly():
+        return embed()
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    result = embed()
+    evaluating.boxes.append(transposition.Box(frozenset(graph.get_operations()[first:])))
+    return result

@@ -142,7 +142,12 @@ def match(gradients: Any, arguments: Flattened) -> list[tuple[Component, Any]]:
             f"({len(differentiable)} of them floating or complex): {[c.name for c in components]}. A flat list is "
             "matched in tf.nest's order (dict keys sorted)."
         )
-    return [(c, g) for c, g in pairs if g is not None and c.differentiable]
+    given = [(c, g) for c, g in pairs if g is not None]
+    lost = [c.name for c, _ in given if c.passed_through]
+    if lost:
+        raise ValueError(f"grad_fn returned a gradient for {', '.join(lost)}, which f is given as it is (not a tensor "
+                         "or variable): it carries no gradient. Return None for it, or pass the tensors it holds.")
+    return [(c, g) for c, g in given if c.differentiable]
 
 
 @dataclasses.dataclass
@@ -180,6 +185,7 @@ def _check(values: tf.Tensor, component: Component, rows: bool) -> tf.Tensor:
     shape, name = component.shape, component.name
     if not identity.is_inexact(values.dtype) or identity.is_complex(values.dtype) != identity.is_complex(dtype):
         raise ValueError(f"grad_fn returned a {values.dtype.name} gradient for {name}, a {dtype.name}.")
+    values = identity.cast(values, dtype)  # another float width (Keras float8's bfloat16 gradient), as TF casts it
     compared = (values.shape[1:], shape[1:]) if rows else (values.shape, shape)
     if not compared[0].is_compatible_with(compared[1]):
         raise ValueError(f"grad_fn returned a gradient of shape {values.shape} for {name} of shape {shape}.")

@@ -11,10 +11,11 @@ has one tensor that carries its gradient, as in TensorFlow:
   tf.SparseTensor, tf.IndexedSlices    their values
 
 Integer, bool and string tensors, Python numbers and strings, None, NumPy
-arrays, dtypes, shapes and callables are constants: no tape can watch them,
-or (a callable) what they read is read inside f. Anything else raises
-TypeError naming the argument, so that nothing reaches plain autodiff
-without saying so.
+arrays, dtypes and shapes are constants: no tape can watch them. Any other
+object (``self``, a ``tf.Module``, a distribution, a callable) is given to f
+as it is, as ``tf.custom_gradient`` gives it: what f reads from it keeps its
+ordinary autodiff gradient, as from a closure, and a gradient grad_fn
+returns for it is refused (it would be lost).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Component:
     value: Any  # as the caller passed it
     read: Callable[[], tf.Tensor] | None  # the tensor that carries the gradient; None for a constant
     rebuild: Callable[[tf.Tensor], Any]  # value with that tensor replaced
+    passed_through: bool = False  # an object of another kind (self, a distribution), given to f as it is
 
     @functools.cached_property
     def tensor(self) -> tf.Tensor:
@@ -105,14 +107,9 @@ def of(name: str, value: Any) -> Component:
         return Component(f"{name}.values", value, lambda: value.values, rebuild)
     if _is_variable(value):
         return Component(name, value, lambda: tf.convert_to_tensor(value), lambda t: t)
-    if isinstance(value, _CONSTANTS) or callable(value):
-        return Component(name, value, None, lambda t: value)
-    raise TypeError(
-        f"custom_gradient cannot carry {name}, a {type(value).__name__}: it knows tensors, variables, "
-        "RaggedTensor, SparseTensor, IndexedSlices, Python numbers, strings, None, NumPy arrays and nested "
-        "lists, tuples and dicts of them. Pass the tensors it holds, or close over it in f (what f reads "
-        "from a closure keeps its ordinary autodiff gradient)."
-    )
+    # Anything else (self, a tf.Module, a distribution) is given to f as it is, as tf.custom_gradient does: what f
+    # reads from it keeps its ordinary autodiff gradient, as from a closure.
+    return Component(name, value, None, lambda t: value, passed_through=not isinstance(value, _CONSTANTS))
 
 
 def gradient_tensor(gradient: Any, component: Component) -> tf.Tensor | tf.IndexedSlices:

@@ -17,11 +17,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from stopgrad_math import tolerances
+
 _NOT_LINEAR = (
     "a custom gradient must be linear in the upstream gradient (clipping or normalizing "
     "the gradient cannot be expressed by a stop-gradient identity)"
 )
-_RTOL = {tf.float16: 5e-2, tf.bfloat16: 5e-2, tf.float32: 1e-3, tf.float64: 1e-9}
 
 
 def check_at_zero(gradients: Sequence[tf.Tensor], names: Sequence[str]) -> None:
@@ -86,7 +87,7 @@ def check_superposition(
     mixed = {i: a * d1[i] + d2[i] for i in upstreams}
     for lhs, g1, g2 in zip(call(mixed), call(d1), call(d2), strict=True):
         rhs = a * g1 + g2
-        rtol = _RTOL[lhs.dtype.real_dtype.base_dtype]
+        rtol = tolerances.rtol(lhs.dtype, "superposition")
         scale = tf.reduce_max(tf.abs(tf.concat([tf.reshape(rhs, [-1]), tf.zeros([1], rhs.dtype)], 0)))
         atol = rtol * scale
         tf.debugging.assert_near(lhs, rhs, rtol=rtol, atol=atol, message=f"grad_fn is not linear: {_NOT_LINEAR}")

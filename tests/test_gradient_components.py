@@ -174,7 +174,7 @@ def test_sparse_argument_gets_the_custom_gradient_in_its_values(mode):
         tf.custom_gradient(total.undecorated)(tf.SparseTensor(indices, tf.constant([1.0, 3.0]), dense_shape))
 
 
-# ---------------------------------------------------------------- what cannot be carried
+# ---------------------------------------------------------------- objects given to f as they are
 
 
 @pytest.mark.parametrize(
@@ -185,18 +185,57 @@ def test_sparse_argument_gets_the_custom_gradient_in_its_values(mode):
         (object(), "object"),
     ],
 )
-def test_an_argument_it_cannot_carry_is_a_type_error_naming_it(argument, kind):
-    @custom_gradient
+def test_an_object_argument_is_given_to_f_as_it_is_and_a_gradient_for_it_is_refused(argument, kind):
+    seen = []
+
     def f(x, other):
-        return 2.0 * x, lambda dy: (2.0 * dy, None)
+        seen.append(other)
+        return 2.0 * x, lambda dy: 2.0 * dy  # one gradient per tensor argument, as tf.custom_gradient takes it
 
     x = tf.constant(1.0)
-    with tf.GradientTape() as tape, pytest.raises(TypeError, match=rf"cannot carry args\[1\], a {kind}"):
+    for call in (lambda g: g(x, argument), lambda g: g(x, other=argument)):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = call(custom_gradient(f))
+        assert seen[-1] is argument  # as it is, as tf.custom_gradient passes it
+        assert float(tape.gradient(y, x)) == 2.0
+
+    @custom_gradient
+    def claims_a_gradient(x, other):
+        return 2.0 * x, lambda dy: (2.0 * dy, 1.0)
+
+    with tf.GradientTape() as tape, pytest.raises(ValueError, match=r"gradient for args\[1\].*carries no gradient"):
         tape.watch(x)
-        f(x, argument)
-    with tf.GradientTape() as tape, pytest.raises(TypeError, match=rf"cannot carry kwargs\[other\], a {kind}"):
-        tape.watch(x)
-        f(x, other=argument)
+        claims_a_gradient(x, argument)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("base", [object, tf.Module])
+def test_methods_of_a_class_and_of_a_tf_module_as_in_tfs_testCustomGradientClass(mode, base):
+    """A decorated method: self passes through to f; grad_fn gives the gradient of the tensor argument."""
+
+    def make(decorator):
+        class Scaled(base):
+            def __init__(self):
+                super().__init__()
+                self.scale = 3.0
+
+            @decorator
+            def __call__(self, x):
+                return self.scale * x, lambda dy: 5.0 * dy  # grad_fn's gradient: 5, not the scale
+
+        return Scaled()
+
+    def gradient(module, x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = module(x)
+        return tape.gradient(y, x)
+
+    x = tf.constant([1.0, 2.0])
+    got = in_mode(lambda x: gradient(make(custom_gradient), x), mode)(x)
+    np.testing.assert_array_equal(got, [5.0, 5.0])
+    np.testing.assert_array_equal(got, in_mode(lambda x: gradient(make(tf.custom_gradient), x), mode)(x))
 
 
 def test_constants_of_every_kind_pass_through():

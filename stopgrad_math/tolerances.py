@@ -1,0 +1,32 @@
+"""The one table of relative tolerances for the library's numerical checks, per dtype.
+
+Every value is a multiple of the dtype's machine epsilon ε (2⁻¹⁰ float16,
+2⁻⁷ bfloat16, 2⁻²³ float32, 2⁻⁵² float64), chosen for what the check compares:
+
+  transpose            two inner products of the same numbers summed in
+                       another order: √ε of their scale, far above rounding
+                       and far below a dropped part of J
+  superposition        grad_fn(a·d1 + d2) against a·grad_fn(d1) + grad_fn(d2),
+                       each rounded in the dtype: about 10³ ε (float16, bfloat16:
+                       5% since ε itself is 0.1–0.8%)
+  finite_differences   a derivative against central float64 differences of a
+                       function computed in the dtype: its rounding divided by
+                       the step, about √ε for float32 and 10⁻⁶ for float64
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+_TABLE: dict[tf.DType, dict[str, float]] = {
+    tf.float16: {"transpose": 2.0**-5, "superposition": 5e-2, "finite_differences": 3e-2},
+    tf.bfloat16: {"transpose": 2.0**-3.5, "superposition": 5e-2, "finite_differences": 3e-2},
+    tf.float32: {"transpose": 2.0**-11.5, "superposition": 1e-3, "finite_differences": 1e-3},
+    tf.float64: {"transpose": 2.0**-26, "superposition": 1e-9, "finite_differences": 1e-6},
+}
+
+
+def rtol(dtype: tf.DType, check: str) -> float:
+    """The relative tolerance of ``check`` ("transpose", "superposition", "finite_differences") for a dtype
+    (complex dtypes take their real part's)."""
+    return _TABLE[dtype.real_dtype.base_dtype][check]

@@ -1,0 +1,190 @@
+"""The decorator embeds grad_fn only where its ops prove the route: programs tf.custom_gradient runs, side by side.
+
+Each case was a silent wrong gradient or a loud failure before the op table (stopgrad_math.linear_ops): now it
+gives tf.custom_gradient's numbers, or a ValueError naming the op, the same in eager, tf.function, XLA and TF1.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import MODES, in_mode, vjp
+
+from stopgrad_math import custom_gradient
+
+X = tf.constant([0.3, -0.4, 2.0])
+UPSTREAM = tf.constant([1.0, -2.0, 0.5])
+
+
+def _times_3(grad_fn):
+    return lambda x: (3.0 * x, grad_fn)
+
+
+def _tf1_gradient(fn, x, upstream):
+    with tf.Graph().as_default():
+        x_graph = tf.constant(x.numpy())
+        (gradient,) = tf.gradients(fn(x_graph), x_graph, grad_ys=tf.constant(upstream.numpy()))
+        with tf.compat.v1.Session() as session:
+            return session.run(gradient)
+
+
+NONLINEAR = {
+    "clip_by_norm": (lambda dy: tf.clip_by_norm(dy, 0.1), "Maximum|Sqrt|Select"),
+    "normalize": (lambda dy: dy / tf.norm(dy), "RealDiv|Sqrt"),
+    "relu": (lambda dy: 2 * tf.nn.relu(dy), "Relu"),
+    "clip_by_value": (lambda dy: tf.clip_by_value(dy, -0.5, 0.5), "Minimum|Maximum|ClipByValue"),
+    "affine": (lambda dy: 2 * dy + 1, "AddV2"),
+}
+
+
+@pytest.mark.parametrize("mode", [*MODES, "tf1"])
+@pytest.mark.parametrize("case", NONLINEAR)
+def test_non_linear_grad_fns_are_refused_naming_the_op_in_every_mode(case, mode):
+    grad_fn, ops = NONLINEAR[case]
+    embedded = custom_gradient(_times_3(grad_fn))
+    with pytest.raises(ValueError, match=rf"({ops}) \(it "):
+        if mode == "tf1":
+            _tf1_gradient(embedded, X, UPSTREAM)
+        else:
+            in_mode(lambda x: vjp(embedded, x, UPSTREAM), mode)(X)
+
+
+def test_a_non_linear_grad_fn_is_refused_for_a_y_of_one_element_too():
+    embedded = custom_gradient(lambda x: (tf.reduce_sum(x), lambda dy: tf.clip_by_norm(dy, 0.1) * tf.ones([3])))
+    with pytest.raises(ValueError, match="Maximum"):  # grad_fn(1) would give 0.1 for any upstream
+        vjp(embedded, X)
+
+
+inner_stop = tf.function(lambda a: tf.stop_gradient(a))
+STOPS_INSIDE = {
+    "tf.cond": lambda dy: dy + tf.cond(tf.constant(True), lambda: tf.stop_gradient(dy), lambda: dy),
+    "nested tf.function": lambda dy: dy + inner_stop(dy),
+}
+
+
+@pytest.mark.parametrize("mode", [*MODES, "tf1"])
+@pytest.mark.parametrize("case", STOPS_INSIDE)
+def test_a_stop_inside_control_flow_or_a_nested_function_gives_tf_custom_gradients_numbers(case, mode):
+    f = _times_3(STOPS_INSIDE[case])
+    embedded, anchor = custom_gradient(f), tf.custom_gradient(f)
+    if mode == "tf1":
+        got, want = _tf1_gradient(embedded, X, UPSTREAM), _tf1_gradient(anchor, X, UPSTREAM)
+    else:
+        got = in_mode(lambda x: vjp(embedded, x, UPSTREAM), mode)(X)
+        want = in_mode(lambda x: vjp(anchor, x, UPSTREAM), mode)(X)
+    np.testing.assert_array_equal(got, 2 * UPSTREAM)  # was 1× under tf.function: the stop was not seen
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", STOPS_INSIDE)
+def test_a_stop_inside_control_flow_is_refused_for_a_larger_y(case, mode):
+    embedded = custom_gradient(_times_3(STOPS_INSIDE[case]))
+    with pytest.raises(ValueError, match="StopGradient"):
+        in_mode(lambda x: vjp(embedded, x), mode)(tf.range(17, dtype=tf.float32))
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_a_collective_in_grad_fn_under_mirrored_strategy_as_tfps_sharded_log_prob_parts(mode):
+    """f = all_reduce(x) across replicas with grad_fn = all_reduce(dy): each replica's gradient is the sum of every
+    replica's weights (TFP's LogProbPartsTest gave each replica's own, silently, under tf.function)."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    weights = tf.constant([[1.0, 2.0, 3.0], [10.0, 20.0, 30.0]])
+
+    def make(decorator):
+        @decorator
+        def summed(x):
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce("sum", x), lambda dy: context.all_reduce("sum", dy)
+
+        def replica(x):
+            context = tf.distribute.get_replica_context()
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(weights[context.replica_id_in_sync_group] * summed(x))
+            return tape.gradient(loss, x)
+
+        return replica
+
+    def run(decorator):
+        step, x = make(decorator), tf.ones([3])
+        call = in_mode(lambda: strategy.run(step, (x,)), mode)
+        return [v.numpy() for v in strategy.experimental_local_results(call())]
+
+    got = run(custom_gradient)
+    for replica in got:
+        np.testing.assert_array_equal(replica, [11.0, 22.0, 33.0])
+    np.testing.assert_array_equal(got, run(tf.custom_gradient))
+
+
+@custom_gradient
+def squared(b):
+    return b * b, lambda dy: dy * 2 * b
+
+
+def _differentiates_inside(x):
+    def grad(dy):  # as TFP's Student-t CDF differentiates betainc inside its own gradient
+        b = x * 1.0
+        with tf.GradientTape() as tape:
+            tape.watch(b)
+            v = squared(b)
+        return dy * tape.gradient(v, b)
+
+    return x * x, grad
+
+
+@pytest.mark.parametrize("mode", [*MODES, "tf1"])
+def test_a_grad_fn_that_differentiates_a_decorated_function_with_its_own_tape(mode):
+    embedded, anchor = custom_gradient(_differentiates_inside), tf.custom_gradient(_differentiates_inside)
+    if mode == "tf1":
+        got, want = _tf1_gradient(embedded, X, UPSTREAM), _tf1_gradient(anchor, X, UPSTREAM)
+    else:
+        got = in_mode(lambda x: vjp(embedded, x, UPSTREAM), mode)(X)
+        want = in_mode(lambda x: vjp(anchor, x, UPSTREAM), mode)(X)
+    np.testing.assert_allclose(got, 2 * X * UPSTREAM, rtol=1e-6)  # d/dx x² = 2x
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("y_size", [1, 3])
+def test_a_gradient_of_another_float_dtype_is_cast_to_the_arguments(mode, y_size):
+    """Keras float8's bfloat16 gradient for a float32 argument."""
+    embedded = custom_gradient(lambda x: (3.0 * x[:y_size], lambda dy: tf.pad(tf.cast(3.0 * dy, tf.bfloat16),
+                                                                              [[0, 3 - y_size]])))
+    got = in_mode(lambda x: vjp(embedded, x, UPSTREAM[:y_size]), mode)(X)
+    assert got.dtype == tf.float32
+    np.testing.assert_array_equal(got[:y_size], 3.0 * UPSTREAM[:y_size])
+
+
+README_EXAMPLE = textwrap.dedent('''
+    import tensorflow as tf
+    import stopgrad_math as sgm
+
+    @sgm.custom_gradient
+    def log1pexp(x):
+        e = tf.exp(x)
+        def grad(upstream):
+            return upstream * (1 - 1 / (1 + e))
+        return tf.math.log(1 + e), grad
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = log1pexp(x)
+        return tape.gradient(y, x)
+
+    print(step(tf.constant([-1.0, 0.0, 2.0])).numpy())
+''')
+
+
+def test_the_readme_decorator_example_under_tf_function_draws_no_autograph_warning(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(README_EXAMPLE)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+    assert "AutoGraph" not in result.stderr and "Please report this" not in result.stderr, result.stderr
+    np.testing.assert_allclose(np.array(result.stdout.strip(" []\n").split(), float),
+                               tf.math.sigmoid([-1.0, 0.0, 2.0]), rtol=1e-6)
