@@ -104,16 +104,17 @@ def custom_gradient(
 
         h = y − (J·v − stop(J·v)),  v = stop(x) − x,  J·v = ∂/∂d ⟨grad_fn(d), v⟩ at d = 0
 
-    Where y has one element J is grad_fn(1); where the transpose would not
-    see all of grad_fn (checked while tracing, and eagerly at the first call
-    with each input signature) a y of at most 16 elements gets J from
-    grad_fn on unit upstreams, and a larger one raises ValueError. grad_fn
-    runs when f is called, must be linear in the upstream (grad_fn(0) = 0 is
-    checked) and may call decorated functions, f itself included. Arguments
-    may be tensors, variables of any kind, ragged and sparse tensors, in
-    nested structures; other values are constants, and with nothing
-    differentiable y is returned without a call of grad_fn. Second
-    derivatives need ``order=2``.
+    grad_fn must be linear in the upstream: its ops are read (while tracing;
+    eagerly from a trace at the first call with each input signature) and
+    classified by one table, and a non-linear op raises ValueError naming
+    it. Where y has one element J is grad_fn(1); where an op's gradient is
+    not its transpose, a y of at most 16 elements gets J from grad_fn on
+    unit upstreams, and a larger one raises ValueError. grad_fn runs when f
+    is called and may call decorated functions, f itself included.
+    Arguments may be tensors, variables of any kind, ragged and sparse
+    tensors, in nested structures; other values are passed to f as they
+    are, and with nothing differentiable y is returned without a call of
+    grad_fn. Second derivatives need ``order=2``.
 
     In eager mode with no tape or accumulator active, the value is returned
     as it is.
@@ -130,7 +131,9 @@ def custom_gradient(
         stop_gradient (tfp's partial custom gradient).
       name: name scope for the ops.
       order: decorator form only: 1, or 2 for exact second derivatives.
-      check_linearity: decorator form only: test grad_fn for linearity.
+      check_linearity: decorator form only: refuse a grad_fn whose linearity
+        cannot be proven from its ops (one that cannot be traced), rather
+        than test it numerically.
 
     Returns:
       A Tensor equal to ``fx`` whose derivative w.r.t. ``x`` is ``gx``; in the
