@@ -33,37 +33,6 @@ def check_at_zero(gradients: Sequence[tf.Tensor], names: Sequence[str]) -> None:
             raise ValueError(f"grad_fn(0) is not zero for {name}: {_NOT_LINEAR}.")
 
 
-class NotZeroWithoutTape(ValueError):
-    """grad_fn's result at upstream 1 is known not to be zero, yet no tape reaches it from the upstream."""
-
-
-def require_zero(gradient: tf.Tensor, name: str) -> tf.Tensor:
-    """grad_fn's result at upstream 1 where no tape reaches it from the upstream: it must be zero (J = 0).
-
-    Returns the gradient where it is zero. Raises NotZeroWithoutTape where its
-    value is known while tracing (always in eager) and is not zero; where it
-    is not known, the returned tensor asserts it when the graph runs (XLA
-    compiles the assertion to nothing).
-    """
-    reason = (
-        f"grad_fn's result for {name} is not zero at upstream 1, yet no tape reaches it from the upstream: either "
-        f"grad_fn is not linear ({_NOT_LINEAR}), or it runs code that TensorFlow cannot differentiate "
-        "(tf.numpy_function, tf.py_function)"
-    )
-    value = tf.get_static_value(gradient)
-    if value is not None:
-        if np.any(value != 0):
-            raise NotZeroWithoutTape(reason)
-        return gradient
-    message = (
-        f"{reason}, which the decorator cannot transpose for a y of more than one element: give y one element, or "
-        "pass the Jacobian to the identity form, custom_gradient(fx, jacobian, x)."
-    )
-    check = tf.debugging.Assert(tf.reduce_all(tf.equal(gradient, 0)), [message])
-    with tf.control_dependencies([check]):
-        return tf.identity(gradient)
-
-
 def random_like(t: tf.Tensor, seed: list[int]) -> tf.Tensor:
     part = t.dtype.real_dtype
     draw = tf.random.stateless_normal(tf.shape(t), seed, dtype=part)

@@ -239,8 +239,8 @@ def choose_route(found: Sequence[Finding], one_element: bool, small: bool) -> Ro
         return Route.TRANSPOSE
     if small:
         return Route.UNIT_UPSTREAMS
-    raise ValueError(_OPAQUE.format(reason="its ops " + "; ".join(map(str, found)) + " take the upstream where no "
-                                    "tape follows"))
+    ops = "; ".join(map(str, found))
+    raise ValueError(OPAQUE_MESSAGE.format(reason=f"its ops {ops} take the upstream where no tape follows"))
 
 
 _NOT_LINEAR = (
@@ -250,7 +250,7 @@ _NOT_LINEAR = (
     "for a Jacobian you know, use the identity form, custom_gradient(fx, jacobian, x)."
 )
 
-OPAQUE_MESSAGE = _OPAQUE = (
+OPAQUE_MESSAGE = (
     "grad_fn cannot be transposed, which the decorator needs to embed it for a y of more than one element: "
     "{reason}. A grad_fn that calls external code (tf.numpy_function), ops whose gradient is disabled "
     "(PreventGradient) or stop_gradient on its upstream (tf.while_loop(back_prop=False)) can be embedded where y "

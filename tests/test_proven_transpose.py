@@ -31,6 +31,16 @@ def _tf1_gradient(fn, x, upstream):
             return session.run(gradient)
 
 
+def _side_by_side(f, mode):
+    """The gradient at X for UPSTREAM of f decorated by the library and by tf.custom_gradient, in one mode."""
+    def gradient(embedded):
+        if mode == "tf1":
+            return _tf1_gradient(embedded, X, UPSTREAM)
+        return in_mode(lambda x: vjp(embedded, x, UPSTREAM), mode)(X)
+
+    return gradient(custom_gradient(f)), gradient(tf.custom_gradient(f))
+
+
 NONLINEAR = {
     "clip_by_norm": (lambda dy: tf.clip_by_norm(dy, 0.1), "Maximum|Sqrt|Select"),
     "normalize": (lambda dy: dy / tf.norm(dy), "RealDiv|Sqrt"),
@@ -68,13 +78,7 @@ STOPS_INSIDE = {
 @pytest.mark.parametrize("mode", [*MODES, "tf1"])
 @pytest.mark.parametrize("case", STOPS_INSIDE)
 def test_a_stop_inside_control_flow_or_a_nested_function_gives_tf_custom_gradients_numbers(case, mode):
-    f = _times_3(STOPS_INSIDE[case])
-    embedded, anchor = custom_gradient(f), tf.custom_gradient(f)
-    if mode == "tf1":
-        got, want = _tf1_gradient(embedded, X, UPSTREAM), _tf1_gradient(anchor, X, UPSTREAM)
-    else:
-        got = in_mode(lambda x: vjp(embedded, x, UPSTREAM), mode)(X)
-        want = in_mode(lambda x: vjp(anchor, x, UPSTREAM), mode)(X)
+    got, want = _side_by_side(_times_3(STOPS_INSIDE[case]), mode)
     np.testing.assert_array_equal(got, 2 * UPSTREAM)  # was 1× under tf.function: the stop was not seen
     np.testing.assert_array_equal(got, want)
 
@@ -138,12 +142,7 @@ def _differentiates_inside(x):
 
 @pytest.mark.parametrize("mode", [*MODES, "tf1"])
 def test_a_grad_fn_that_differentiates_a_decorated_function_with_its_own_tape(mode):
-    embedded, anchor = custom_gradient(_differentiates_inside), tf.custom_gradient(_differentiates_inside)
-    if mode == "tf1":
-        got, want = _tf1_gradient(embedded, X, UPSTREAM), _tf1_gradient(anchor, X, UPSTREAM)
-    else:
-        got = in_mode(lambda x: vjp(embedded, x, UPSTREAM), mode)(X)
-        want = in_mode(lambda x: vjp(anchor, x, UPSTREAM), mode)(X)
+    got, want = _side_by_side(_differentiates_inside, mode)
     np.testing.assert_allclose(got, 2 * X * UPSTREAM, rtol=1e-6)  # d/dx x² = 2x
     np.testing.assert_array_equal(got, want)
 

@@ -10,20 +10,8 @@ inner = tf.function(lambda a: 2.0 * tf.stop_gradient(a))
 
 
 def _found(grad_fn, extra=lambda d: None):
-    """The findings of grad_fn(d), read off its graph as the decorator reads them."""
-    found = []
-
-    @tf.function
-    def trace(d):
-        graph = tf.compat.v1.get_default_graph()
-        first = len(graph.get_operations())
-        result = grad_fn(d)
-        extra(d)
-        found.append(findings(graph.get_operations()[first:], [d], [result]))
-        return result
-
-    trace.get_concrete_function(tf.TensorSpec([3]))
-    return sorted((f.op, f.verdict.kind.name) for f in found[0])
+    """The findings of grad_fn(d) as (op, kind) pairs."""
+    return sorted((f.op, f.verdict.kind.name) for f in _findings_of(grad_fn, extra))
 
 
 @pytest.mark.parametrize(
@@ -73,7 +61,8 @@ def test_the_route_from_the_findings():
             choose_route(nonlinear, one_element=one_element, small=True)
 
 
-def _findings_of(grad_fn):
+def _findings_of(grad_fn, extra=lambda d: None):
+    """The findings of grad_fn(d), read off its graph as the decorator reads them (``extra``: more ops on d)."""
     found = []
 
     @tf.function
@@ -81,6 +70,7 @@ def _findings_of(grad_fn):
         graph = tf.compat.v1.get_default_graph()
         first = len(graph.get_operations())
         result = grad_fn(d)
+        extra(d)
         found.append(findings(graph.get_operations()[first:], [d], [result]))
         return result
 
