@@ -85,12 +85,14 @@ def _constants(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class _Evaluating:
-    """Set while a grad_fn runs: the order of the embedding that calls it, how many grad_fns deep, and where
-    the decorated calls it makes on its upstream are kept (each one op box for the route, ``transposition``)."""
+    """Set while a grad_fn runs: the order of the embedding that calls it, how many grad_fns deep, where the
+    decorated calls it makes are kept (each one op box for the route, ``transposition``), and the functions
+    whose grad_fns are running (``id`` of each f)."""
 
     order: int
     depth: int
     boxes: list[transposition.Box]
+    running: frozenset[int]
 
 
 # A grad_fn may call decorated functions, its own f among them (erfcx' = 2x·erfcx − 2/√π). They run when f is
@@ -100,9 +102,10 @@ MAX_DEPTH = 8
 
 
 @contextlib.contextmanager
-def _evaluating(order: int, boxes: list[transposition.Box]) -> Iterator[None]:
+def _evaluating(order: int, boxes: list[transposition.Box], f: Callable[..., Any]) -> Iterator[None]:
     outer = _EVALUATING.get()
-    token = _EVALUATING.set(_Evaluating(order, 1 if outer is None else outer.depth + 1, boxes))
+    depth, running = (1, frozenset()) if outer is None else (outer.depth + 1, outer.running)
+    token = _EVALUATING.set(_Evaluating(order, depth, boxes, running | {id(f)}))
     try:
         yield
     finally:
@@ -113,6 +116,7 @@ def _evaluating(order: int, boxes: list[transposition.Box]) -> Iterator[None]:
 class _Plan:
     """What one call embeds: f's value, its grad_fn, and the components of arguments and outputs."""
 
+    f: Callable[..., Any]
     outputs: Flattened
     grad_fn: Callable[..., Any]
     arguments: Flattened
@@ -123,7 +127,7 @@ class _Plan:
     def gradients(self, upstreams: dict[int, Any]) -> list[Gradient]:
         """grad_fn(upstreams), checked and paired with the components they belong to."""
         variables = [c.value for c in self.variables]
-        with _evaluating(self.order, self.boxes):
+        with _evaluating(self.order, self.boxes, self.f):
             grads, variable_grads = grad_fn_conventions.call(self.grad_fn, self.outputs, upstreams, variables)
         pairs = grad_fn_conventions.match(grads, self.arguments)
         if self.variables:
@@ -169,7 +173,7 @@ def _evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     if watched and grad_fn_conventions.signature(grad_fn).takes_variables:
         variables = [gradient_components.of(v.name, v) for v in watched]
         outputs = _outputs(_stopped(outputs))  # grad_fn gives the variables' gradients: cut autodiff's path to them
-    return _Plan(outputs, grad_fn, arguments, variables, order)
+    return _Plan(f, outputs, grad_fn, arguments, variables, order)
 
 
 def _one_element_output(plan: _Plan) -> int | None:
@@ -309,8 +313,9 @@ def _dot_product_test(plan: _Plan, probe: _Probe) -> None:
     b = {i: linearity.random_like(w, [2, k]) for k, (i, w) in enumerate(probe.upstreams.items())}
     with _tf_internal.stop_recording():  # numbers to compare, nothing for the caller's tapes to keep
         transposed = _transposed(probe, connected, a)
-        direct = {g.name: g.values for g in plan.gradients({i: plan.outputs.components[i].rebuild(d)
-                                                            for i, d in b.items()})}
+    # Not under stop_recording, which would stop the tapes grad_fn makes itself (a nested derivative).
+    direct = {g.name: g.values for g in plan.gradients({i: plan.outputs.components[i].rebuild(d)
+                                                        for i, d in b.items()})}
     pairs_t = [(t, b_i) for t, b_i in zip(transposed, b.values(), strict=True) if t is not None]
     pairs_d = [(a_g, direct[g.name]) for a_g, g in zip(a, connected, strict=True)]
     unconnected = [direct[g.name] for g in probe.gradients if g not in connected]
@@ -509,31 +514,36 @@ def _real_or_all_complex(plan: _Plan, index: int) -> bool:
     return not any(identity.is_complex(c.dtype) for c in components)
 
 
-def _needs_embedding(evaluating: _Evaluating | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def _needs_embedding(f: Callable[..., Any], evaluating: _Evaluating | None, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> bool:
     """Whether a decorated call must embed its gradient: always, except inside a grad_fn of order 1.
 
     There every value but the upstream is a constant: the arguments were
     stopped, and the upstream is a constant too where y has one element. A
-    call on constants has no derivative to embed, and calling f alone ends a
-    recursion. A call on the upstream (a watched tensor) is embedded, since
-    the transpose differentiates it; so are variables, which a tape may
-    watch. Inside a grad_fn of order 2, whose arguments move with x, calls
-    are embedded at order 1, so a recursion there is two deep.
+    call on the upstream (a watched tensor) is embedded, since the transpose
+    differentiates it; so are variables, which a tape may watch. A call on
+    constants is embedded only in a graph, where ``tf.gradients`` may still
+    differentiate it without a tape (TFP's ``value_and_gradient`` does, inside
+    Student-t's CDF gradient), and only where f's own grad_fn is not running:
+    calling f alone ends a recursion (erfcx' = 2x·erfcx − 2/√π). Inside a
+    grad_fn of order 2, whose arguments move with x, calls are embedded at
+    order 1, so a recursion there is two deep.
     """
     if evaluating is None or evaluating.order == 2:
         return True
     leaves = tf.nest.flatten((args, kwargs))
     if any(gradient_components.is_variable_or_composite(leaf) for leaf in leaves):
         return True  # a variable, ragged or sparse value: its own recording is not asked, so it is embedded
-    depends = _tf_internal.should_record_backprop([leaf for leaf in leaves if isinstance(leaf, tf.Tensor)])
-    if depends and evaluating.depth >= MAX_DEPTH:
+    if not _tf_internal.should_record_backprop([leaf for leaf in leaves if isinstance(leaf, tf.Tensor)]):
+        return not tf.executing_eagerly() and id(f) not in evaluating.running
+    if evaluating.depth >= MAX_DEPTH:
         raise ValueError(
             f"grad_fns call decorated functions on their upstream gradients {MAX_DEPTH} deep: gradients that call "
             "each other on the upstream without end (a psum whose gradient is a broadcast whose gradient is a "
             "psum) cannot be embedded when f is called. Give y one element, or embed a Jacobian with "
             "custom_gradient(fx, jacobian, x)."
         )
-    return bool(depends)
+    return True
 
 
 def check_options(order: Any, check_linearity: Any) -> None:
@@ -565,7 +575,7 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
         token = _tf_internal.AUTOGRAPH_STATUS.set(status)
         try:
             evaluating = _EVALUATING.get()
-            if identity.nothing_records() or not _needs_embedding(evaluating, args, kwargs):
+            if identity.nothing_records() or not _needs_embedding(f, evaluating, args, kwargs):
                 return _call_f(f, args, kwargs)[0]
             with identity.name_scope(scope):
                 if inference.active():

@@ -97,10 +97,19 @@ def _all_reduces_transposed(verdicts: list[tuple[tf.Operation, Finding]],
     covered: set[tf.Operation] = set()
     for op, finding in verdicts:
         if finding.verdict is linear_ops.CUSTOM_GRADIENT:
-            collectives = {a for a in _ancestors(list(op.inputs), ops) if a.type in linear_ops.COLLECTIVES}
+            collectives = {a for a in _ancestors(list(op.inputs), ops) if _is_collective(a)}
             if collectives:
                 covered |= {op, *collectives}
     return [(op, finding) for op, finding in verdicts if op not in covered]
+
+
+def _is_collective(op: tf.Operation) -> bool:
+    """A collective op, or, in a replica context, a sum of tensors from several devices: how an all-reduce
+    is built in a TF1 graph (``MirroredStrategy`` reduces to one device, then copies back)."""
+    if op.type in linear_ops.COLLECTIVES:
+        return True
+    replicated = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+    return replicated and len({op.device, *(t.op.device for t in op.inputs)}) > 1
 
 
 def _unique(found: list[Finding]) -> list[Finding]:

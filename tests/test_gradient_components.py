@@ -238,6 +238,42 @@ def test_methods_of_a_class_and_of_a_tf_module_as_in_tfs_testCustomGradientClass
     np.testing.assert_array_equal(got, in_mode(lambda x: gradient(make(tf.custom_gradient), x), mode)(x))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_variable_read_through_self_gets_grad_fns_variable_gradient(mode):
+    """f reads a tf.Module's variable through self: grad_fn gives its gradient by the ``variables`` keyword,
+    as TF's testCustomGradientWithVariables does; the truth is the gradient grad_fn states."""
+
+    def make(decorator):
+        class Linear(tf.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = tf.Variable([2.0, -1.0])
+
+            @decorator
+            def __call__(self, x):
+                def grad_fn(dy, variables=None):
+                    return 7.0 * dy * self.w, [11.0 * dy * x]  # neither is autodiff's: w and x
+
+                return self.w * x, grad_fn
+
+        return Linear()
+
+    def gradients(module, x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = module(x)
+        return tape.gradient(y, [x, module.w])
+
+    x = tf.constant([1.0, 3.0])
+    module = make(custom_gradient)
+    got = in_mode(lambda x: gradients(module, x), mode)(x)
+    np.testing.assert_array_equal(got[0], 7.0 * np.float32([2.0, -1.0]))
+    np.testing.assert_array_equal(got[1], 11.0 * np.float32([1.0, 3.0]))
+    anchor = make(tf.custom_gradient)
+    for ours, theirs in zip(got, in_mode(lambda x: gradients(anchor, x), mode)(x), strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+
+
 def test_constants_of_every_kind_pass_through():
     seen = {}
 

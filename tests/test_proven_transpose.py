@@ -91,31 +91,40 @@ def test_a_stop_inside_control_flow_is_refused_for_a_larger_y(case, mode):
         in_mode(lambda x: vjp(embedded, x), mode)(tf.range(17, dtype=tf.float32))
 
 
+WEIGHTS = [[1.0, 2.0, 3.0], [10.0, 20.0, 30.0]]  # per replica: the sum of both is the truth
+
+
+def _all_reduced(decorator):
+    @decorator
+    def summed(x):
+        context = tf.distribute.get_replica_context()
+        return context.all_reduce("sum", x), lambda dy: context.all_reduce("sum", dy)
+
+    return summed
+
+
+def _replica_loss(summed, x):
+    context = tf.distribute.get_replica_context()
+    return tf.reduce_sum(tf.constant(WEIGHTS)[context.replica_id_in_sync_group] * summed(x))
+
+
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_a_collective_in_grad_fn_under_mirrored_strategy_as_tfps_sharded_log_prob_parts(mode):
     """f = all_reduce(x) across replicas with grad_fn = all_reduce(dy): each replica's gradient is the sum of every
     replica's weights (TFP's LogProbPartsTest gave each replica's own, silently, under tf.function)."""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    weights = tf.constant([[1.0, 2.0, 3.0], [10.0, 20.0, 30.0]])
-
-    def make(decorator):
-        @decorator
-        def summed(x):
-            context = tf.distribute.get_replica_context()
-            return context.all_reduce("sum", x), lambda dy: context.all_reduce("sum", dy)
-
-        def replica(x):
-            context = tf.distribute.get_replica_context()
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                loss = tf.reduce_sum(weights[context.replica_id_in_sync_group] * summed(x))
-            return tape.gradient(loss, x)
-
-        return replica
 
     def run(decorator):
-        step, x = make(decorator), tf.ones([3])
-        call = in_mode(lambda: strategy.run(step, (x,)), mode)
+        summed = _all_reduced(decorator)
+
+        def replica(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = _replica_loss(summed, x)
+            return tape.gradient(loss, x)
+
+        x = tf.ones([3])  # an input of the function: a tensor made inside it would lack a device to reduce to
+        call = in_mode(lambda: strategy.run(replica, (x,)), mode)
         return [v.numpy() for v in strategy.experimental_local_results(call())]
 
     got = run(custom_gradient)
@@ -124,26 +133,84 @@ def test_a_collective_in_grad_fn_under_mirrored_strategy_as_tfps_sharded_log_pro
     np.testing.assert_array_equal(got, run(tf.custom_gradient))
 
 
+def test_a_collective_in_grad_fn_under_mirrored_strategy_does_not_compile_with_xla():
+    """TensorFlow's limit, not the library's: XLA compiles neither decorator's replica all-reduce here."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    for decorator in (custom_gradient, tf.custom_gradient):
+        summed = _all_reduced(decorator)
+        replica = tf.function(lambda x: vjp(lambda v: _replica_loss(summed, v), x), jit_compile=True)  # noqa: B023
+        x = tf.ones([3])
+        with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
+            tf.function(lambda: strategy.run(replica, (x,)))()  # noqa: B023
+
+
+def test_a_collective_in_grad_fn_under_mirrored_strategy_in_a_tf1_graph():
+    """A TF1 graph builds the all-reduce from a sum on one device, in a custom gradient: taken for the
+    collective it is (it gave each replica twice its own weights, from unit upstreams). tf.custom_gradient
+    cannot run this program at all."""
+    def run(decorator):
+        with tf.Graph().as_default():
+            strategy = tf.compat.v1.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+            summed = _all_reduced(decorator)
+            replica = lambda x: tf.gradients(_replica_loss(summed, x), x)[0]  # noqa: E731
+            with strategy.scope():
+                gradients = strategy.experimental_local_results(strategy.run(replica, (tf.ones([3]),)))
+            with tf.compat.v1.Session() as session:
+                return session.run(gradients)
+
+    for replica in run(custom_gradient):
+        np.testing.assert_array_equal(replica, [11.0, 22.0, 33.0])
+    with pytest.raises(ValueError, match="destinations can not be empty"):
+        run(tf.custom_gradient)
+
+
 @custom_gradient
-def squared(b):
-    return b * b, lambda dy: dy * 2 * b
+def squared(b):  # f's own autodiff gives b, half the derivative: only grad_fn's is right
+    return b * tf.stop_gradient(b), lambda dy: dy * 2 * b
 
 
-def _differentiates_inside(x):
-    def grad(dy):  # as TFP's Student-t CDF differentiates betainc inside its own gradient
-        b = x * 1.0
-        with tf.GradientTape() as tape:
-            tape.watch(b)
-            v = squared(b)
-        return dy * tape.gradient(v, b)
+def _with_a_tape(b):
+    with tf.GradientTape() as tape:
+        tape.watch(b)
+        v = squared(b)
+    return tape.gradient(v, b)
 
-    return x * x, grad
+
+def _differentiates_inside(derivative):
+    def f(x):
+        def grad(dy):  # as TFP's Student-t CDF differentiates betainc inside its own gradient
+            return dy * derivative(x * 1.0)
+
+        return x * x, grad
+
+    return f
 
 
 @pytest.mark.parametrize("mode", [*MODES, "tf1"])
 def test_a_grad_fn_that_differentiates_a_decorated_function_with_its_own_tape(mode):
-    got, want = _side_by_side(_differentiates_inside, mode)
+    got, want = _side_by_side(_differentiates_inside(_with_a_tape), mode)
     np.testing.assert_allclose(got, 2 * X * UPSTREAM, rtol=1e-6)  # d/dx x² = 2x
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["function", "xla", "tf1"])
+def test_a_grad_fn_that_differentiates_a_decorated_function_with_tf_gradients(mode):
+    """No tape watches b: in a graph the nested call is embedded all the same (it was f alone, and
+    tf.gradients then differentiated f's own ops)."""
+    got, want = _side_by_side(_differentiates_inside(lambda b: tf.gradients(squared(b), b)[0]), mode)
+    np.testing.assert_allclose(got, 2 * X * UPSTREAM, rtol=1e-6)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_an_untraceable_grad_fn_that_differentiates_with_its_own_tape():
+    """Eager mode, where grad_fn reads a value in Python and cannot be traced: the numerical fallback must not
+    pause the tapes grad_fn makes itself."""
+    def untraceable(b):
+        assert bool(tf.reduce_all(tf.math.is_finite(b)))  # a Python bool: fails while tracing
+        return _with_a_tape(b)
+
+    got, want = _side_by_side(_differentiates_inside(untraceable), "eager")
+    np.testing.assert_allclose(got, 2 * X * UPSTREAM, rtol=1e-6)
     np.testing.assert_array_equal(got, want)
 
 
