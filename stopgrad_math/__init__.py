@@ -5,13 +5,13 @@ with value f and gradient g, built so that its value is exact and its
 derivative right in every mode TensorFlow has.
 """
 
-from stopgrad_math.checking import GradientReport, assert_gradient, check_gradient
-from stopgrad_math.embedding import custom_gradient
 from stopgrad_math.estimators import magic_box, reverse_gradient, scale_gradient, straight_through
+from stopgrad_math.gradient_checker import GradientReport, assert_gradient, check_gradient
 from stopgrad_math.identity import zero_with_gradient
-from stopgrad_math.inference import values_only
+from stopgrad_math.identity_form import custom_gradient
 from stopgrad_math.partial import partial_custom_gradient
 from stopgrad_math.stops import stop_gradient, stop_gradient_where
+from stopgrad_math.value_only_mode import values_only
 
 __all__ = [
     "GradientReport",

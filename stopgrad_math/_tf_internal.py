@@ -21,17 +21,6 @@ could_possibly_record = _record.could_possibly_record
 (``tape._recording`` is private too); the identity returns the value alone when nothing can record."""
 
 
-def unrecorded_alias(tensor: tf.Tensor) -> tf.Tensor:
-    """A new eager tensor on ``tensor``'s buffer, made without an op: no tape or accumulator records it.
-
-    Eagerly this is ``tf.stop_gradient`` at no op's cost (an op dispatch is most of the identity's time at small
-    sizes). A handle copied to the device that holds it shares the buffer (TensorFlow's ``TensorHandle::
-    CopyToDevice``); ``EagerTensor._copy_nograd`` is the same call with the current device as the target, which
-    could move the tensor. Public APIs (``tf.identity``, ``tf.stop_gradient``) each run an op.
-    """
-    return tensor._copy_to_device(tensor.backing_device)
-
-
 def shape_tuple(tensor: tf.Tensor | tf.Variable) -> tuple[int | None, ...] | None:
     """The static shape as a tuple, None for an unknown dimension, or None for an unknown rank.
 

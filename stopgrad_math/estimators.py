@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import identity, inference, shape_checks
-from stopgrad_math.embedding import scaled_identity
+from stopgrad_math import identity, shape_checks, value_only_mode
+from stopgrad_math.identity_form import scaled_identity
 
 
 def straight_through(forward: Any, backward: Any) -> tf.Tensor:
@@ -45,8 +45,8 @@ def _straight_through_leaf(forward: Any, backward: Any) -> tf.Tensor:
     backward = shape_checks.broadcast_checked(backward, forward, "backward", "forward")
     if identity.nothing_records():
         return forward
-    if inference.active():
-        return inference.undifferentiable(forward, [backward])
+    if value_only_mode.active():
+        return value_only_mode.undifferentiable(forward, [backward])
     term = identity.zero_with_slope(tf.cast(backward, forward.dtype), slope_is_negative=True)
     return identity.attach(tf.stop_gradient(forward), [term])
 

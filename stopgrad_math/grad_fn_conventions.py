@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import tensorflow as tf
 
-from stopgrad_math import gradient_components, identity, recent, shape_checks
+from stopgrad_math import bounded_cache, gradient_components, identity, shape_checks
 from stopgrad_math.gradient_components import Component, Flattened
 
 
@@ -51,7 +51,7 @@ def _parameters(grad_fn: Callable[..., Any]) -> tuple[tuple[str, str], ...]:
 
 
 SIGNATURES_KEPT = 1024  # code objects; the least recently used goes first
-_SIGNATURES: recent.Recent[_Signature] = recent.Recent(SIGNATURES_KEPT)
+_SIGNATURES: bounded_cache.BoundedCache[_Signature] = bounded_cache.BoundedCache(SIGNATURES_KEPT)
 
 
 def signature(grad_fn: Callable[..., Any]) -> _Signature:

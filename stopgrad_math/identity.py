@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import cmath
 import contextlib
-import functools
 import math
 from typing import Any
 
@@ -96,27 +95,19 @@ def stop(x: tf.Tensor) -> tf.Tensor:
 
 
 def stop_each(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
-    """stop_gradient of each tensor.
+    """tf.stop_gradient of each tensor.
 
-    Eagerly, a tensor in CPU or GPU memory is stopped by a new handle on its
-    buffer, which no tape or accumulator records, with no op at all. A graph
-    keeps StopGradient, which is what ``tf.gradients`` and a function's
-    gradient read, with the tapes paused (as tf.stop_gradient does) so that
-    nothing computed from the result is taken for connected to its input; so
-    does a variable, or a custom device's tensor, in eager mode.
+    tf.stop_gradient is an op run with every tape and accumulator paused, so
+    that none records it and nothing computed from its result is taken for
+    connected to its input. A graph keeps its StopGradient ops, which
+    ``tf.gradients`` and a function's gradient read; eagerly, where an op's
+    dispatch is most of the cost at small sizes, one IdentityN run the same
+    way stops several tensors at once.
     """
-    if tf.executing_eagerly() and all(isinstance(t, tf.Tensor) and _shared_by_a_copy(t.backing_device)
-                                      for t in tensors):  # a variable is read by StopGradient
-        return [_tf_internal.unrecorded_alias(t) for t in tensors]
+    if len(tensors) <= 1 or not tf.executing_eagerly():
+        return [tf.stop_gradient(t) for t in tensors]
     with _tf_internal.stop_recording():
-        return [tf.raw_ops.StopGradient(input=t) for t in tensors]
-
-
-@functools.cache
-def _shared_by_a_copy(device: str) -> bool:
-    """Whether a handle copied to this device shares the buffer: a physical CPU or GPU. A custom device (a
-    parallel device, DTensor's) defines copies of its own."""
-    return tf.DeviceSpec.from_string(device).device_type in ("CPU", "GPU")
+        return list(tf.raw_ops.IdentityN(input=tensors))
 
 
 # The integer type of each floating type's width, for the bitcast in `unreachable`.

@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math.embedding import custom_gradient
+from stopgrad_math.identity_form import custom_gradient
 from stopgrad_math.stops import stop_gradient
 
 

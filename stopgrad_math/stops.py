@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math import identity, inference, shape_checks
+from stopgrad_math import identity, shape_checks, value_only_mode
 
 
 def stop_gradient(structure: Any) -> Any:
@@ -60,6 +60,6 @@ def stop_gradient_where(x: Any, mask: Any) -> tf.Tensor:
     x = identity.to_tensor(x, "stop_gradient_where's x")
     mask = _bool_tensor(mask)
     mask = shape_checks.broadcast_checked(mask, x, "mask", "x")
-    if inference.active():
-        return inference.undifferentiable(x, [x])
+    if value_only_mode.active():
+        return value_only_mode.undifferentiable(x, [x])
     return tf.where(mask, identity.stop(x), x)

@@ -238,14 +238,14 @@ def ref_custom_gradient(fx, gx, x):
     if x is None or gx is None:
         raise Invalid  # the misuse rule: neither form
     if tf.nest.is_nested(x):
-        raise _Skip  # structures of x: tested in test_embedding
+        raise _Skip  # structures of x: tested in test_identity_form
     f = floating(fx, complex_too=True)
     t = floating(x, complex_too=True)
     g = floating(gx, hint=f.dtype, complex_too=True)
     if (t.dtype.is_complex or g.dtype.is_complex) and not f.dtype.is_complex:
         raise Invalid
     if f.dtype.is_complex or t.dtype.is_complex:
-        raise _Skip  # complex: tested against TF's autodiff in test_embedding
+        raise _Skip  # complex: tested against TF's autodiff in test_identity_form
     fs, xs, gs = tuple(f.shape), tuple(t.shape), tuple(g.shape)
     gn, w, size = numbers(g), upstream_for(fs), int(np.prod(fs))
     if gs == fs + xs:

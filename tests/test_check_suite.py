@@ -7,8 +7,8 @@ must be reported as differing.
 
 import pytest
 import tensorflow as tf
-import test_decorator as deco
-import test_embedding as emb
+import test_decorator_form as deco
+import test_identity_form as emb
 
 from stopgrad_math import (
     check_gradient,

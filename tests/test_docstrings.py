@@ -23,3 +23,10 @@ def test_docstring_examples(name):
     assert result.failed == 0
     with open(module.__file__) as source:
         assert result.attempted >= source.read().count(">>> ")
+
+
+def test_custom_gradients_docstring_is_what_a_call_needs_and_links_to_the_rest():
+    """Both forms and one example each, at most about 40 lines; the contract in full is a docs page."""
+    doc = stopgrad_math.custom_gradient.__doc__
+    assert len(doc.strip().splitlines()) <= 45
+    assert "(custom_gradient.md)" in doc

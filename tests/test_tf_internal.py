@@ -5,7 +5,6 @@ import pathlib
 import re
 
 import keras
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -35,20 +34,6 @@ def test_recording_is_seen_and_can_be_paused():
         assert _tf_internal.should_record_backprop([recorded])
         assert not _tf_internal.should_record_backprop([unrecorded])
     assert float(tape.gradient(recorded, x)) == 3.0 and tape.gradient(unrecorded, x) is None
-
-
-def test_unrecorded_alias_shares_the_buffer_and_no_tape_or_accumulator_sees_it():
-    x = tf.range(1e6)
-    with tf.GradientTape() as tape, tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as accumulator:
-        tape.watch(x)
-        alias = _tf_internal.unrecorded_alias(x)
-        product = alias * x  # connected through its second factor only
-    assert alias is not x and alias.dtype == x.dtype and alias.backing_device == x.backing_device
-    assert np.shares_memory(np.asarray(alias), np.asarray(x))  # no copy: np.asarray views an eager tensor
-    assert not np.shares_memory(np.asarray(x + 0.0), np.asarray(x))  # as the test can tell
-    np.testing.assert_array_equal(tape.gradient(product, x), x)
-    np.testing.assert_array_equal(accumulator.jvp(product), x)
-    assert accumulator.jvp(alias) is None
 
 
 def test_shape_tuple_is_the_static_shape():

@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 import tf_keras
-from test_decorator import CustomDense
+from test_decorator_form import CustomDense
 
 from stopgrad_math import custom_gradient
 

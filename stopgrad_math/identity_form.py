@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math import _tf_internal, decorator, gradient_layout, identity, inference, shape_checks
+from stopgrad_math import _tf_internal, decorator_form, gradient_layout, identity, shape_checks, value_only_mode
 
 # (label, layout choice, gx, x) for one argument; gx and x are tensors or variables.
 _Planned = tuple[str, gradient_layout.Choice, Any, Any]
@@ -72,110 +72,55 @@ def custom_gradient(
 ) -> tf.Tensor | Callable[..., Any]:
     """Embeds a known gradient: ``custom_gradient(fx, gx, x)`` or ``@custom_gradient``.
 
-    Two forms, one stop-gradient identity underneath. This is what a call
-    needs; the README, the front page of this reference, has the rest: *What
-    gx means*, *The decorator form* (linearity, higher order, what a grad_fn
-    may contain) and *How it stays exact*.
+    **Identity form**, tfp's signature: a Tensor with the value of ``fx``
+    bit for bit and the derivative ``gx`` with respect to ``x`` (a tensor,
+    variable or nested structure; ``gx`` has its structure). The shape of
+    each gx says what it holds: ``fx.shape + x.shape`` is the Jacobian; a gx
+    that broadcasts with x to ``fx.shape`` is elementwise; for a one-element
+    fx it is the gradient; otherwise, as in tfp, the gradient of ``sum(fx)``.
 
-    **Identity form** (``custom_gradient(fx, gx, x)``, tfp's signature): a
-    Tensor with the value of ``fx`` bit for bit (−0.0, inf and NaN included)
-    and the derivative ``gx`` with respect to ``x``:
+    **Decorator form**, a drop-in for ``tf.custom_gradient``: ``f(*args)``
+    returns ``(y, grad_fn)``, and the decorated f has the value y and
+    grad_fn's derivative, in reverse and forward mode. grad_fn must be
+    linear in its upstream, which is proven from its ops (a ValueError names
+    any other); ``order=2`` makes second derivatives exact.
 
-        h = stop(fx) − Σ multiply_no_nan(stop(gx), stop(x) − x)
-
-    The shape of each gx says what it holds, the first that fits:
-    ``fx.shape + x.shape``, the full Jacobian; ``gx * x`` broadcasting to
-    exactly ``fx.shape``, elementwise; a one-element ``fx`` with gx
-    broadcasting to ``x.shape``, its gradient; otherwise tfp's rule, gx is
-    the gradient of ``reduce_sum(h)``. Anything else raises ValueError while
-    tracing; shapes unknown while tracing are decided at run time by the
-    same rules. Complex values follow TensorFlow's convention (the gradient
-    is conj(gx)·upstream). A zero upstream gives a zero gradient even where
-    gx is inf; an element of x that is inf or NaN keeps the value and gets
-    no gradient.
-
-    **Decorator form** (``@custom_gradient``, ``@custom_gradient(order=2)``):
-    a drop-in for ``tf.custom_gradient`` and keras ``ops.custom_gradient``.
-    ``f(*args, **kwargs)`` returns ``(y, grad_fn)``, grad_fn a vector-Jacobian
-    product in TensorFlow's, JAX's, Keras's or torch's signature (optionally
-    taking ``variables``). It is embedded as the linear map J it is the
-    transpose of, so the value is y bit for bit and the derivative exact for
-    any function, in reverse and forward mode:
-
-        h = y − (J·v − stop(J·v)),  v = stop(x) − x,  J·v = ∂/∂d ⟨grad_fn(d), v⟩ at d = 0
-
-    grad_fn must be linear in the upstream: its ops are read (while tracing;
-    eagerly from a trace at the first call with each input signature) and
-    classified by one table, and a non-linear op raises ValueError naming
-    it. Where y has one element J is grad_fn(1); where an op's gradient is
-    not its transpose, a y of at most 16 elements gets J from grad_fn on
-    unit upstreams, and a larger one raises ValueError. grad_fn runs when f
-    is called and may call decorated functions, f itself included.
-    Arguments may be tensors, variables of any kind, ragged and sparse
-    tensors, in nested structures; other values are passed to f as they
-    are, and with nothing differentiable y is returned without a call of
-    grad_fn. Second derivatives need ``order=2``.
-
-    In eager mode with no tape or accumulator active, the value is returned
-    as it is.
+    Every argument, error and limit: [custom_gradient in full](custom_gradient.md).
 
     Args:
-      fx: floating or complex Tensor, the value f(x); or, alone, the
-        function to decorate.
-      gx: the derivative of f at x, with the structure of ``x``; a leaf may
-        be None for an argument that gets no gradient. Converted to fx's
-        dtype.
-      x: a floating or complex Tensor or tf.Variable, or any nested
-        structure of them. May differ from fx in precision.
-      fx_gx_manually_stopped: if True, fx and gx are not wrapped in
-        stop_gradient (tfp's partial custom gradient).
+      fx: the value f(x); or, alone, the function to decorate.
+      gx: the derivative of f at x (None: no gradient for that leaf).
+      x: what the derivative is with respect to.
+      fx_gx_manually_stopped: fx and gx are used as given, unstopped.
       name: name scope for the ops.
-      order: decorator form only: 1, or 2 for exact second derivatives.
-      check_linearity: decorator form only: refuse a grad_fn whose linearity
-        cannot be proven from its ops (one that cannot be traced), rather
-        than test it numerically.
+      order: decorator form: 2 for exact second derivatives.
+      check_linearity: decorator form: refuse a grad_fn that cannot be traced.
 
     Returns:
-      A Tensor equal to ``fx`` whose derivative w.r.t. ``x`` is ``gx``; in the
-      decorator form, the decorated function (or a decorator, when called
-      with keyword arguments only).
-
-    Raises:
-      TypeError: fx, x or gx is not floating or complex, or complex for a
-        real fx; fx is given without gx and x (neither form); f does not
-        return (y, grad_fn).
-      ValueError: the structure or a shape of gx does not fit x and fx;
-        grad_fn returns the wrong number, shape or dtype of gradients, or is
-        detectably not linear.
+      fx with derivative gx; or the decorated function.
 
     Examples:
-        The decorator form, where tf.custom_gradient's forward mode gives NaN:
-
         >>> @custom_gradient
         ... def log1pexp(x):
         ...   e = tf.exp(x)
         ...   return tf.math.log(1 + e), lambda dy: dy * (1 - 1 / (1 + e))
         >>> x = tf.constant(100.0)
         >>> with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)) as acc:
-        ...   y = log1pexp(x)
+        ...   y = log1pexp(x)   # tf.custom_gradient gives NaN here
         >>> float(acc.jvp(y))
         1.0
-
-        The identity form: log(1 + exp(x)) with its exact gradient at x = 100.
-
-        >>> x = tf.constant([0.0, 100.0])
         >>> with tf.GradientTape() as tape:
         ...   tape.watch(x)
         ...   y = custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x)
-        >>> tape.gradient(y, x).numpy()
-        array([0.5, 1. ], dtype=float32)
+        >>> float(tape.gradient(y, x))
+        1.0
     """
     if gx is None and x is None:
         if fx is None:
-            decorator.check_options(order, check_linearity)
-            return lambda f: decorator.decorate(f, order=order, check_linearity=check_linearity)
+            decorator_form.check_options(order, check_linearity)
+            return lambda f: decorator_form.decorate(f, order=order, check_linearity=check_linearity)
         if callable(fx):
-            return decorator.decorate(fx, order=order, check_linearity=check_linearity)
+            return decorator_form.decorate(fx, order=order, check_linearity=check_linearity)
     if order != 1 or check_linearity:
         raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
     _require_both(gx, x)
@@ -186,8 +131,8 @@ def custom_gradient(
         planned = [_planned(fx, label, g, x_leaf) for label, g, x_leaf in _pairs(gx, x) if g is not None]
         if identity.nothing_records():
             return fx
-        if inference.active():
-            return inference.undifferentiable(fx, [x_leaf for *_, x_leaf in planned])
+        if value_only_mode.active():
+            return value_only_mode.undifferentiable(fx, [x_leaf for *_, x_leaf in planned])
         return _embed(fx, planned, fx_gx_manually_stopped)
 
 
@@ -214,8 +159,8 @@ def scaled_identity(x: tf.Tensor | tf.Variable, scale: Any) -> tf.Tensor:
     scale = shape_checks.broadcast_checked(scale, x, "scale", "x")
     if identity.nothing_records():
         return x
-    if inference.active():
-        return inference.undifferentiable(x, [x])
+    if value_only_mode.active():
+        return value_only_mode.undifferentiable(x, [x])
     scale, x_stop = identity.stop_each([identity.cast(scale, x.dtype), x])
     return identity.attach(x_stop, [identity.negative_zero_term(scale, x, x.dtype, x_stop)])
 

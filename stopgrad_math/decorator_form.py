@@ -40,14 +40,14 @@ import tensorflow as tf
 
 from stopgrad_math import (
     _tf_internal,
+    bounded_cache,
     grad_fn_conventions,
     gradient_components,
     gradient_layout,
     identity,
-    inference,
-    linearity,
-    recent,
+    numerical_linearity,
     transposition,
+    value_only_mode,
 )
 from stopgrad_math.grad_fn_conventions import Gradient
 from stopgrad_math.gradient_components import Component, Flattened
@@ -221,7 +221,7 @@ def _probe(plan: _Plan, persistent: bool, watch: bool = True) -> _Probe:
     return _Probe(tape, zeros, gradients, reached, first_op)
 
 
-def _route(plan: _Plan, probe: _Probe | None, routes: recent.Recent[transposition.Route],
+def _route(plan: _Plan, probe: _Probe | None, routes: bounded_cache.BoundedCache[transposition.Route],
            signature: Hashable | None, require_proof: bool) -> transposition.Route:
     """The route for this call: from the ops of the probe while tracing; in eager mode from a trace of grad_fn
     made once per input ``signature`` (or, where grad_fn cannot be traced, from numerical tests)."""
@@ -276,7 +276,7 @@ def _tested_route(plan: _Plan, one_element: bool, small: bool) -> transposition.
     if one_element:
         return transposition.Route.ONE_ELEMENT
     probe = _probe(plan, persistent=True)
-    linearity.check_at_zero([g.values for g in probe.gradients], [g.name for g in probe.gradients])
+    numerical_linearity.check_at_zero([g.values for g in probe.gradients], [g.name for g in probe.gradients])
     try:
         _dot_product_test(plan, probe)
     except _Untransposable as reason:
@@ -309,8 +309,8 @@ class _Untransposable(Exception):
 def _dot_product_test(plan: _Plan, probe: _Probe) -> None:
     """Eager mode, grad_fn untraceable: ⟨T(a), b⟩ = ⟨a, grad_fn(b)⟩ for random a, b, or _Untransposable."""
     connected = [g for g, r in zip(probe.gradients, probe.reached, strict=True) if r]
-    a = [linearity.random_like(g.values, [1, k]) for k, g in enumerate(connected)]
-    b = {i: linearity.random_like(w, [2, k]) for k, (i, w) in enumerate(probe.upstreams.items())}
+    a = [numerical_linearity.random_like(g.values, [1, k]) for k, g in enumerate(connected)]
+    b = {i: numerical_linearity.random_like(w, [2, k]) for k, (i, w) in enumerate(probe.upstreams.items())}
     with _tf_internal.stop_recording():  # numbers to compare, nothing for the caller's tapes to keep
         transposed = _transposed(probe, connected, a)
     # Not under stop_recording, which would stop the tapes grad_fn makes itself (a nested derivative).
@@ -478,7 +478,7 @@ def _hashable(value: Any) -> bool:
 
 
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int, require_proof: bool,
-           routes: recent.Recent[transposition.Route]) -> Any:
+           routes: bounded_cache.BoundedCache[transposition.Route]) -> Any:
     """evaluate f → choose the route → build the zero terms → attach them to y."""
     plan = _evaluate(f, args, kwargs, order)
     if not plan.outputs.differentiable or not (plan.arguments.differentiable or plan.variables):
@@ -495,7 +495,7 @@ def _value_alone(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     with _tf_internal.VariableWatcher() as watcher:
         y = _call_f(f, args, kwargs)[0]
     sources = [arguments.components[i].unread for i in arguments.differentiable] + list(watcher.watched_variables())
-    return inference.undifferentiable(y, sources)
+    return value_only_mode.undifferentiable(y, sources)
 
 
 def _check_superposition(plan: _Plan) -> None:
@@ -503,7 +503,7 @@ def _check_superposition(plan: _Plan) -> None:
     outputs = plan.outputs.components
     shapes = {i: tf.zeros_like(outputs[i].tensor) for i in plan.outputs.differentiable}
     call = lambda ups: [g.values for g in plan.gradients({i: outputs[i].rebuild(d) for i, d in ups.items()})]  # noqa: E731
-    linearity.check_superposition(call, shapes)
+    numerical_linearity.check_superposition(call, shapes)
 
 
 def _real_or_all_complex(plan: _Plan, index: int) -> bool:
@@ -569,7 +569,8 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
 
     # A root name scope must start with a letter, digit or '.': '_f' and '<lambda>' would be refused.
     scope = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(f, "__name__", "")).lstrip("_") or "custom_gradient"
-    routes: recent.Recent[transposition.Route] = recent.Recent(SIGNATURES_KEPT)  # eager mode: per input signature
+    # eager mode: the route per input signature
+    routes: bounded_cache.BoundedCache[transposition.Route] = bounded_cache.BoundedCache(SIGNATURES_KEPT)
 
     def embedded(status: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         token = _tf_internal.AUTOGRAPH_STATUS.set(status)
@@ -578,7 +579,7 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
             if identity.nothing_records() or not _needs_embedding(f, evaluating, args, kwargs):
                 return _call_f(f, args, kwargs)[0]
             with identity.name_scope(scope):
-                if inference.active():
+                if value_only_mode.active():
                     return _value_alone(f, args, kwargs)
                 if evaluating is None:
                     return _embed(f, args, kwargs, order, check_linearity, routes)
@@ -593,6 +594,8 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
 
     @functools.wraps(f)
     def decorated(*args: Any, **kwargs: Any) -> Any:
+        if identity.nothing_records():  # eagerly, nothing to record: f's value for the cost of a call of f
+            return _call_f(f, args, kwargs)[0]
         return unconverted(_tf_internal.autograph_status(), args, kwargs)
 
     del decorated.__wrapped__  # AutoGraph would read f's source through it, and convert f in place of this

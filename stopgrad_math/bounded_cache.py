@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 Value = TypeVar("Value")
 
 
-class Recent(Generic[Value]):
+class BoundedCache(Generic[Value]):
     """A mapping of at most ``size`` entries; adding one more drops the least recently used."""
 
     def __init__(self, size: int):
