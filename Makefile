@@ -15,11 +15,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed-demo: $(BIN)/python $(DEPS)
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e ".[tf,jax]"
 	touch $@
 
 $(VENV)/.installed-test: $(BIN)/python $(DEPS)
-	$(BIN)/python -m pip install --quiet -e ".[test,notebooks,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[tf,jax,test,notebooks,docs]"
 	touch $@
 
 demo: $(VENV)/.installed-demo
@@ -43,7 +43,7 @@ $(OLDEST)/bin/python:
 	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
 
 $(OLDEST)/.installed: $(OLDEST)/bin/python $(DEPS) $(OLDEST_PINS)
-	$(OLDEST)/bin/python -m pip install --quiet -e ".[test,notebooks,docs]" -c $(OLDEST_PINS)
+	$(OLDEST)/bin/python -m pip install --quiet -e ".[tf,jax,test,notebooks,docs]" -c $(OLDEST_PINS)
 	touch $@
 
 test-oldest: $(OLDEST)/.installed

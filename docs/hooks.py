@@ -22,8 +22,10 @@ def on_files(files, config):
 
 
 def on_pre_build(config):
-    import stopgrad_math  # here, not at the top: TensorFlow loads only when the docs are built
+    import stopgrad_math  # here, not at the top: TensorFlow and JAX load only when the docs are built
+    import stopgrad_math.jax
 
-    for name in stopgrad_math.__all__:
-        if not inspect.getdoc(getattr(stopgrad_math, name)):
-            log.warning("stopgrad_math.%s has no docstring: every public name needs one.", name)  # fails --strict
+    for namespace in (stopgrad_math, stopgrad_math.jax):
+        for name in namespace.__all__:
+            if not inspect.getdoc(getattr(namespace, name)):  # fails --strict
+                log.warning("%s.%s has no docstring: every public name needs one.", namespace.__name__, name)

@@ -1,17 +1,43 @@
-"""stopgrad_math: put a known gradient into a TensorFlow computation.
+"""stopgrad_math: put a known gradient into a TensorFlow or JAX computation.
 
 One idea, the stop-gradient identity ``h = stop(f) + stop(g)·(x − stop(x))``,
 with value f and gradient g, built so that its value is exact and its
-derivative right in every mode TensorFlow has.
+derivative right in every mode the framework has. This namespace is
+TensorFlow's; ``stopgrad_math.jax`` has the same names for JAX.
+
+TensorFlow is imported when a name is first used, not with the package, so
+that ``import stopgrad_math.jax`` works where TensorFlow is not installed.
 """
 
-from stopgrad_math.estimators import magic_box, reverse_gradient, scale_gradient, straight_through
-from stopgrad_math.gradient_checker import GradientReport, assert_gradient, check_gradient
-from stopgrad_math.identity import zero_with_gradient
-from stopgrad_math.identity_form import custom_gradient
-from stopgrad_math.partial import partial_custom_gradient
-from stopgrad_math.stops import stop_gradient, stop_gradient_where
-from stopgrad_math.value_only_mode import values_only
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names as type checkers and the API reference see them
+    from stopgrad_math.estimators import magic_box, reverse_gradient, scale_gradient, straight_through
+    from stopgrad_math.gradient_checker import GradientReport, assert_gradient, check_gradient
+    from stopgrad_math.identity import zero_with_gradient
+    from stopgrad_math.identity_form import custom_gradient
+    from stopgrad_math.partial import partial_custom_gradient
+    from stopgrad_math.stops import stop_gradient, stop_gradient_where
+    from stopgrad_math.value_only_mode import values_only
+
+_MODULE_OF = {
+    "GradientReport": "gradient_checker",
+    "assert_gradient": "gradient_checker",
+    "check_gradient": "gradient_checker",
+    "custom_gradient": "identity_form",
+    "magic_box": "estimators",
+    "partial_custom_gradient": "partial",
+    "reverse_gradient": "estimators",
+    "scale_gradient": "estimators",
+    "stop_gradient": "stops",
+    "stop_gradient_where": "stops",
+    "straight_through": "estimators",
+    "values_only": "value_only_mode",
+    "zero_with_gradient": "identity",
+}
 
 __all__ = [
     "GradientReport",
@@ -29,3 +55,23 @@ __all__ = [
     "zero_with_gradient",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported (with TensorFlow) the first time it is asked for."""
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'stopgrad_math' has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f"stopgrad_math.{_MODULE_OF[name]}")
+    except ModuleNotFoundError as error:
+        if error.name not in ("tensorflow", "tensorflow_probability", "tf_keras"):
+            raise
+        raise ImportError(f"stopgrad_math.{name} is TensorFlow's and needs it: pip install 'stopgrad_math[tf]' "
+                          f"({error.name} is not installed). For JAX: import stopgrad_math.jax.") from error
+    value = getattr(module, name)
+    globals()[name] = value  # later lookups find it without this call
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,59 +9,10 @@ import numpy as np
 import tensorflow as tf
 
 from stopgrad_math import tolerances
+from stopgrad_math.gradient_report import ArgumentReport, GradientReport, central_differences, check_options, compare
 from stopgrad_math.identity import is_floating
 
-
-@dataclasses.dataclass(frozen=True)
-class ArgumentReport:
-    """How one argument's derivative, in one mode, compares with finite differences."""
-
-    argument: int
-    mode: str  # "reverse" or "forward"
-    passed: bool
-    max_abs_error: float
-    max_rel_error: float
-    worst_index: tuple[int, ...] | None
-    computed: float  # the derivative under test at the worst element
-    numeric: float  # the finite-difference derivative there
-    checked: int  # elements compared
-    skipped: int  # elements where fn or its finite difference is not finite
-    numeric_dtype: str  # float64, or the argument's dtype where fn cannot take float64
-
-
-@dataclasses.dataclass(frozen=True)
-class GradientReport:
-    """The result of ``check_gradient``: ``passed`` and one row per argument and mode."""
-
-    rows: tuple[ArgumentReport, ...]
-
-    @property
-    def passed(self) -> bool:
-        """Every row passed, and something was checked: a report of nothing never passes."""
-        return sum(row.checked for row in self.rows) > 0 and all(row.passed for row in self.rows)
-
-    @property
-    def max_abs_error(self) -> float:
-        return max((row.max_abs_error for row in self.rows), default=0.0)
-
-    @property
-    def max_rel_error(self) -> float:
-        return max((row.max_rel_error for row in self.rows), default=0.0)
-
-    def __str__(self) -> str:
-        if not self.rows:
-            return "nothing was checked: fn has no floating argument"
-        header = f"{'arg':>4} {'mode':>8} {'ok':>3} {'max abs err':>12} {'max rel err':>12} {'worst at':>10}"
-        header += f" {'computed':>13} {'numeric':>13} {'checked':>8} {'skipped':>8} {'differences in':>14}"
-        lines = [header]
-        for r in self.rows:
-            where = "-" if r.worst_index is None else str(list(r.worst_index))
-            lines.append(
-                f"{r.argument:>4} {r.mode:>8} {'yes' if r.passed else 'NO':>3} {r.max_abs_error:>12.4g} "
-                f"{r.max_rel_error:>12.4g} {where:>10} {r.computed:>13.6g} {r.numeric:>13.6g} "
-                f"{r.checked:>8} {r.skipped:>8} {r.numeric_dtype:>14}"
-            )
-        return "\n".join(lines)
+__all__ = ["ArgumentReport", "GradientReport", "assert_gradient", "check_gradient"]
 
 
 def _weighted_sum(fn: Callable[..., Any], args: Sequence[Any], weights: Sequence[np.ndarray]) -> tf.Tensor:
@@ -92,19 +42,13 @@ def _numeric(
 ) -> np.ndarray:
     """Central differences of ⟨w, fn⟩ w.r.t. every element of args[index], in that argument's dtype."""
     dtype = args[index].dtype
-    x = np.asarray(tf.cast(args[index], tf.float64))
-    result = np.empty(x.shape)
-    for position in np.ndindex(x.shape):
-        step = step_scale * max(1.0, float(abs(x[position])))
-        shifted = []
-        for sign in (1.0, -1.0):
-            moved = x.copy()
-            moved[position] += sign * step
-            values = list(args)
-            values[index] = tf.constant(moved, dtype)
-            shifted.append(float(_weighted_sum(fn, values, weights)))
-        result[position] = (shifted[0] - shifted[1]) / (2 * step)
-    return result
+
+    def total_at(moved: np.ndarray) -> float:
+        values = list(args)
+        values[index] = tf.constant(moved, dtype)
+        return float(_weighted_sum(fn, values, weights))
+
+    return central_differences(total_at, np.asarray(tf.cast(args[index], tf.float64)), step_scale)
 
 
 def _reverse(fn: Callable[..., Any], args: Sequence[Any], index: int, weights: Sequence[np.ndarray]) -> np.ndarray:
@@ -141,26 +85,6 @@ def _numeric_preferring_float64(
         return _numeric(fn, args, index, weights, float(np.finfo(dtype.as_numpy_dtype).eps) ** (1 / 3)), dtype.name
 
 
-def _compare(argument: int, mode: str, computed: np.ndarray, numeric: np.ndarray, tolerance: tuple[float, float],
-             numeric_dtype: str, fn_not_finite: bool) -> ArgumentReport:
-    rtol, atol = tolerance
-    valid = np.isfinite(numeric)
-    if fn_not_finite:  # 0·NaN from an output left out: that element cannot be judged
-        valid &= ~np.isnan(computed)
-    error = np.where(valid, np.abs(computed - numeric), 0.0)
-    error = np.where(valid & ~np.isfinite(computed), np.inf, error)
-    relative = error / np.maximum(np.abs(numeric), np.finfo(np.float64).tiny)
-    bad = error > atol + rtol * np.abs(np.where(valid, numeric, 0.0))
-    if not valid.any():  # nothing to judge in this mode; the report passes only if something else was checked
-        return ArgumentReport(argument, mode, True, 0.0, 0.0, None, np.nan, np.nan, 0, int(valid.size), numeric_dtype)
-    worst = np.unravel_index(np.argmax(np.where(valid, error, -1.0)), error.shape)
-    return ArgumentReport(
-        argument, mode, not bad.any(), float(error.max()), float(relative[valid].max()),
-        tuple(int(i) for i in worst), float(computed[worst]), float(numeric[worst]),
-        int(valid.sum()), int((~valid).sum()), numeric_dtype,
-    )
-
-
 def _point(value: Any, index: int) -> Any:
     """An argument as the point to check at: a floating tensor wherever the value is a floating one
     (a Python float, a list of them, a NumPy array or scalar, a variable); anything else as it is."""
@@ -178,14 +102,6 @@ def _point(value: Any, index: int) -> Any:
 
 
 _CONVERTIBLE = (float, list, tuple, np.ndarray, np.floating, np.complexfloating, tf.Variable)
-
-
-def _check_options(step: Any, rtol: Any, atol: Any) -> None:
-    if not (isinstance(step, (int, float)) and np.isfinite(step) and step > 0):
-        raise ValueError(f"check_gradient's step must be a finite number above 0; got {step!r}.")
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if value is not None and not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
-            raise ValueError(f"check_gradient's {name} must be a finite number of 0 or more; got {value!r}.")
 
 
 def check_gradient(
@@ -233,7 +149,7 @@ def check_gradient(
         >>> check_gradient(log1pexp, tf.constant([-3.0, 0.0, 5.0])).passed
         True
     """
-    _check_options(step, rtol, atol)
+    check_options(step, rtol, atol)
     points = [_point(a, i) for i, a in enumerate(args)]
     floating = [i for i, a in enumerate(points) if isinstance(a, tf.Tensor) and is_floating(a.dtype)]
     weights, fn_not_finite = _output_weights(fn, points, seed)
@@ -244,7 +160,7 @@ def check_gradient(
         numeric, numeric_dtype = _numeric_preferring_float64(fn, points, i, weights, step)
         for mode, derivative in (("reverse", _reverse), ("forward", _forward)):
             computed = derivative(fn, points, i, weights)
-            rows.append(_compare(i, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite))
+            rows.append(compare(i, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite))
     return GradientReport(tuple(rows))
 
 

@@ -1,100 +1,24 @@
-"""How the shape of ``gx`` says which derivative it holds.
+"""The identity's term for each layout of ``gx``, in TensorFlow.
 
-For an output ``fx`` and an argument ``x``, a ``gx`` is read by the first of
-these layouts that its shape fits:
-
-  JACOBIAN     gx.shape == fx.shape + x.shape: the full Jacobian,
-               d fx[i] / d x[j] = gx[i, j].
-  ELEMENTWISE  broadcast(gx.shape, x.shape) == fx.shape: a diagonal Jacobian
-               with broadcasting, d fx[i] / d x[i] = gx[i], summed over the
-               axes along which x is broadcast.
-  SCALAR       fx has one element and gx broadcasts to x.shape:
-               d fx / d x = gx, broadcast (a scalar gx: the same everywhere).
-  SUM          gx broadcasts to x.shape: tfp's rule, the gradient of
-               reduce_sum(fx) is gx (each element of fx gets gx / size(fx)).
-
-A gx that fits none of them is an error. Static shapes decide where they are
-fully known (no op is added). Where dimensions are unknown while tracing,
-every layout the known dimensions allow is kept, and the graph takes the
-first that the run-time shapes fit, by the same rules, so eager and graph
-agree for the same shapes; a run-time misfit fails with the static words.
+Which layout a gx's shape means is decided in ``stopgrad_math.layouts``,
+shared with the JAX substrate. Static shapes decide where they are fully
+known (no op is added). Where dimensions are unknown while tracing, every
+layout the known dimensions allow is kept, and the graph takes the first that
+the run-time shapes fit, by the same rules, so eager and graph agree for the
+same shapes; a run-time misfit fails with the static words.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import functools
 from collections.abc import Callable
 
 import tensorflow as tf
 
 from stopgrad_math import identity, shape_checks
+from stopgrad_math.layouts import MUST_BE, Choice, Layout, candidates
 
-Shape = tuple[int | None, ...] | None
-"""A static shape: a tuple, None for an unknown dimension, or None for an unknown rank."""
-
-
-class Layout(enum.Enum):
-    JACOBIAN = "the full Jacobian: gx.shape == fx.shape + x.shape"
-    ELEMENTWISE = "elementwise: broadcast(gx.shape, x.shape) == fx.shape"
-    SCALAR = "the gradient of a one-element fx: gx broadcasts to x.shape"
-    SUM = "tfp's rule, the gradient of reduce_sum(fx): gx broadcasts to x.shape"
-
-
-def _may_fit(layout: Layout, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> bool:
-    if layout is Layout.JACOBIAN:
-        return bool(gx.is_compatible_with(fx.concatenate(x)))
-    if layout is Layout.ELEMENTWISE:
-        product = shape_checks.static_broadcast(gx, x)
-        return product is not None and product.is_compatible_with(fx)
-    if layout is Layout.SCALAR and not shape_checks.may_have_one_element(fx):
-        return False
-    return shape_checks.may_broadcast_to(gx, x)
-
-
-_MUST_BE = (
-    "A gradient must be the full Jacobian (shape fx.shape + {x}.shape{jacobian}), broadcast with {x} to fx's "
-    "shape (elementwise), or broadcast to {x}'s shape (a one-element fx, or tfp's rule for the sum of fx)."
-)
-
-
-def _misfit(name: str, fx: tf.TensorShape, x: tf.TensorShape, gx: tf.TensorShape) -> str:
-    jacobian = f" = {fx.concatenate(x)}" if fx.rank is not None and x.rank is not None else ""
-    return (
-        f"The gradient for {name} fits no layout: fx has shape {fx}, {name} has shape {x} and its gradient "
-        f"has shape {gx}. {_MUST_BE.format(x=name, jacobian=jacobian)}"
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class Choice:
-    """The layouts a gx may be read by, first fitting first; ``static``: fully known shapes decided, and
-    ``layouts[0]`` is the layout (no op decides)."""
-
-    layouts: tuple[Layout, ...]
-    static: bool
-
-
-def candidates(name: str, fx: Shape, x: Shape, gx: Shape) -> Choice:
-    """The layouts to choose from: the one that fits where shapes are known, else all that may fit.
-
-    Shapes are static shapes as tuples (``_tf_internal.shape_tuple``: None
-    for an unknown dimension, or for an unknown rank). Raises ValueError,
-    naming the argument and the shapes, where none may fit.
-    """
-    choice = _choice(fx, x, gx)
-    if not choice.layouts:
-        raise ValueError(_misfit(name, tf.TensorShape(fx), tf.TensorShape(x), tf.TensorShape(gx)))
-    return choice
-
-
-@functools.lru_cache(maxsize=1024)  # eager calls and traces see the same few shapes again and again
-def _choice(fx: Shape, x: Shape, gx: Shape) -> Choice:
-    shapes = tf.TensorShape(fx), tf.TensorShape(x), tf.TensorShape(gx)
-    fitting = tuple(layout for layout in Layout if _may_fit(layout, *shapes))
-    static = all(shape.is_fully_defined() for shape in shapes)
-    return Choice(fitting[:1] if static else fitting, static)
+__all__ = ["Choice", "Layout", "candidates", "zero_term"]
 
 
 def _contract(layout: Layout, zero_term: tf.Tensor, fx: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
@@ -166,7 +90,7 @@ class _RunTime:
         fx, x, gx = self.shapes
         return [
             f"The gradient for {name} fits no layout: fx has shape", fx, f", {name} has shape", x,
-            "and its gradient has shape", gx, ". " + _MUST_BE.format(x=name, jacobian=""),
+            "and its gradient has shape", gx, ". " + MUST_BE.format(x=name, jacobian=""),
         ]  # fmt: skip
 
     def _product(self, selected: tf.Tensor, g_shape: tf.Tensor, u_shape: tf.Tensor) -> tf.Tensor:

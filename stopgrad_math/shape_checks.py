@@ -22,21 +22,18 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from stopgrad_math import layouts
+
 # ---------------------------------------------------------------- static shapes
-
-
-def static_broadcast(a: tf.TensorShape, b: tf.TensorShape) -> tf.TensorShape | None:
-    """broadcast(a, b) from what is known while tracing; None where it cannot exist."""
-    try:
-        return tf.broadcast_static_shape(a, b)
-    except ValueError:
-        return None
 
 
 def may_broadcast_to(shape: tf.TensorShape, target: tf.TensorShape) -> bool:
     """Whether a tensor of ``shape`` may broadcast to exactly ``target`` at run time."""
-    product = static_broadcast(shape, target)
-    return product is not None and product.is_compatible_with(target)
+    return layouts.may_broadcast_to(_as_tuple(shape), _as_tuple(target))
+
+
+def _as_tuple(shape: tf.TensorShape) -> layouts.Shape:
+    return None if shape.rank is None else tuple(shape.as_list())
 
 
 def must_broadcast_to(shape: tf.TensorShape, target: tf.TensorShape) -> bool:
@@ -47,10 +44,6 @@ def must_broadcast_to(shape: tf.TensorShape, target: tf.TensorShape) -> bool:
         return False
     pairs = zip(reversed(shape.as_list()), reversed(target.as_list()), strict=False)
     return all(s == 1 or (s is not None and s == t) for s, t in pairs)
-
-
-def may_have_one_element(shape: tf.TensorShape) -> bool:
-    return shape.rank is None or all(d is None or d == 1 for d in shape.as_list())
 
 
 # ---------------------------------------------------------------- shape vectors at run time

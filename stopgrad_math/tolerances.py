@@ -16,17 +16,23 @@ Every value is a multiple of the dtype's machine epsilon ε (2⁻¹⁰ float16,
 
 from __future__ import annotations
 
-import tensorflow as tf
+from typing import Any
 
-_TABLE: dict[tf.DType, dict[str, float]] = {
-    tf.float16: {"transpose": 2.0**-5, "superposition": 5e-2, "finite_differences": 3e-2},
-    tf.bfloat16: {"transpose": 2.0**-3.5, "superposition": 5e-2, "finite_differences": 3e-2},
-    tf.float32: {"transpose": 2.0**-11.5, "superposition": 1e-3, "finite_differences": 1e-3},
-    tf.float64: {"transpose": 2.0**-26, "superposition": 1e-9, "finite_differences": 1e-6},
+import numpy as np
+
+_TABLE: dict[str, dict[str, float]] = {
+    "float16": {"transpose": 2.0**-5, "superposition": 5e-2, "finite_differences": 3e-2},
+    "bfloat16": {"transpose": 2.0**-3.5, "superposition": 5e-2, "finite_differences": 3e-2},
+    "float32": {"transpose": 2.0**-11.5, "superposition": 1e-3, "finite_differences": 1e-3},
+    "float64": {"transpose": 2.0**-26, "superposition": 1e-9, "finite_differences": 1e-6},
 }
+_REAL_PART = {"complex64": "float32", "complex128": "float64"}
 
 
-def rtol(dtype: tf.DType, check: str) -> float:
-    """The relative tolerance of ``check`` ("transpose", "superposition", "finite_differences") for a dtype
-    (complex dtypes take their real part's)."""
-    return _TABLE[dtype.real_dtype.base_dtype][check]
+def rtol(dtype: Any, check: str) -> float:
+    """The relative tolerance of ``check`` ("transpose", "superposition", "finite_differences") for a
+    TensorFlow, NumPy or JAX dtype (a complex dtype takes its real part's). Pure Python: both substrates read it.
+    """
+    name = getattr(dtype, "name", None) or np.dtype(dtype).name  # a NumPy scalar type has no name of its own
+    name = name.removesuffix("_ref")  # a TF1 reference dtype reads as its value's
+    return _TABLE[_REAL_PART.get(name, name)][check]

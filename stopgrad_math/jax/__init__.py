@@ -1,0 +1,26 @@
+"""stopgrad_math for JAX: the names and semantics of the TensorFlow namespace, on ``jax.lax.stop_gradient``.
+
+Imports JAX, never TensorFlow. Install with ``pip install stopgrad_math[jax]``.
+"""
+
+from stopgrad_math.jax.estimators import magic_box, reverse_gradient, scale_gradient, straight_through
+from stopgrad_math.jax.gradient_checker import GradientReport, assert_gradient, check_gradient
+from stopgrad_math.jax.identity import zero_with_gradient
+from stopgrad_math.jax.identity_form import custom_gradient
+from stopgrad_math.jax.partial import partial_custom_gradient
+from stopgrad_math.jax.stops import stop_gradient, stop_gradient_where
+
+__all__ = [
+    "GradientReport",
+    "assert_gradient",
+    "check_gradient",
+    "custom_gradient",
+    "magic_box",
+    "partial_custom_gradient",
+    "reverse_gradient",
+    "scale_gradient",
+    "stop_gradient",
+    "stop_gradient_where",
+    "straight_through",
+    "zero_with_gradient",
+]

@@ -1,0 +1,103 @@
+"""The stop-gradient identity in JAX: stop, the exact zero with slope one, and attaching terms to a value.
+
+    h = stop(f) − multiply_no_nan(stop(g), stop(x) − x)
+
+``stop(x) − x`` is +0.0 for every finite x, and ``multiply_no_nan`` keeps
+the product +0.0 where g is inf or NaN, so ``f − (+0.0)`` is f bit for bit;
+the derivative of h is g. Made of ``jax.lax.stop_gradient``, arithmetic and
+one small ``jax.custom_jvp`` whose tangent is linear, so that ``grad``,
+``jvp``, ``vmap``, ``jit`` and their compositions all see an ordinary function.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+stop = jax.lax.stop_gradient
+
+
+@jax.custom_jvp
+def multiply_no_nan(g: jax.Array, zero: jax.Array) -> jax.Array:
+    """g·zero, and +0.0 where zero is 0 whatever g is (inf, NaN); broadcasting.
+
+    Its tangent is ``g·dzero + dg·zero``, the product rule written with plain
+    products: linear in the tangents, so forward and reverse mode agree and
+    every transform composes; an infinite g gives an infinite derivative (JAX
+    has no multiply_no_nan of its own, and the select that masks the value
+    would mask the derivative too). ``dg·zero`` is zero in value but keeps its
+    slope in zero, which second derivatives mixing g's arguments with x need
+    (``partial_custom_gradient``).
+    """
+    return jnp.where(zero == 0, jnp.zeros((), jnp.result_type(g, zero)), g * zero)
+
+
+@multiply_no_nan.defjvp
+def _multiply_no_nan_jvp(primals: tuple[jax.Array, jax.Array],
+                         tangents: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    g, zero = primals
+    dg, dzero = tangents
+    return multiply_no_nan(g, zero), g * dzero + dg * zero
+
+
+def is_inexact(dtype: Any) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def is_complex(dtype: Any) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.complexfloating))
+
+
+def inexact_array(value: Any, what: str, dtype_hint: Any = None) -> jax.Array:
+    """value as a floating or complex array; a Python number takes ``dtype_hint``. TypeError naming ``what``."""
+    if value is None or isinstance(value, (str, bytes, bool)):
+        raise TypeError(f"{what} must be a floating or complex array; got {value!r:.60}.")
+    number = isinstance(value, (int, float, complex))
+    try:
+        array = jnp.asarray(value, dtype=dtype_hint if number and dtype_hint is not None else None)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{what} must be a floating or complex array; got {value!r:.60}.") from error
+    if not is_inexact(array.dtype):
+        raise TypeError(f"{what} must be floating or complex, to have a derivative; got {array.dtype}.")
+    return array
+
+
+def zero_with_slope(x: jax.Array, slope_is_negative: bool) -> jax.Array:
+    """x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite.
+
+    inf − inf is NaN: where x is inf or NaN the value wins, +0.0 with no
+    derivative (a select, whose tangent is the select of the tangents).
+    """
+    still = stop(x)
+    zero = still - x if slope_is_negative else x - still
+    return jnp.where(jnp.isfinite(still), zero, jnp.zeros((), x.dtype))
+
+
+def zero_with_gradient(x: Any) -> jax.Array:
+    """Returns u = x − stop(x): exactly +0.0 in value, derivative 1 w.r.t. x.
+
+    The ``u`` of the identity ``stop(f) + stop(g)·u``, for identities of your
+    own. At an element of x that is inf or NaN the value is still +0.0 and
+    the derivative there is zero.
+
+    Examples:
+        >>> x = jnp.array([1.0, 2.0])
+        >>> u, vjp = jax.vjp(zero_with_gradient, x)
+        >>> u, vjp(jnp.ones(2))[0]
+        (Array([0., 0.], dtype=float32), Array([1., 1.], dtype=float32))
+    """
+    return zero_with_slope(inexact_array(x, "zero_with_gradient's x"), slope_is_negative=False)
+
+
+def attach(value: jax.Array, terms: list[jax.Array]) -> jax.Array:
+    """value − Σ terms, each exactly +0.0 and broadcasting to value's shape: the value, bit for bit."""
+    for term in terms:
+        value = value - term.astype(value.dtype)
+    return value
+
+
+def size(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))

@@ -1,0 +1,205 @@
+"""stopgrad_math.jax.custom_gradient(fx, gx, x) under every JAX transform, against independent truths:
+autodiff of a stable formula, analytic derivatives and float64 finite differences."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from helpers import bits  # noqa: E402
+
+import stopgrad_math.jax as sgm  # noqa: E402
+
+X = jnp.array([-1.0, 0.0, 2.0, 100.0])
+SIGMOID = np.float32([0.26894143, 0.5, 0.880797, 1.0])  # jax.nn.sigmoid(X): the stable formula's derivative
+
+
+def log1pexp(x):
+    return sgm.custom_gradient(jnp.logaddexp(x, 0.0), jax.nn.sigmoid(x), x)
+
+
+def _sum_of(fn):
+    return lambda x: jnp.sum(fn(x))
+
+
+# Each transform as a function of (fn, x) returning the derivative along ones (or the diagonal of the Jacobian).
+TRANSFORMS = {
+    "grad": lambda fn, x: jax.grad(_sum_of(fn))(x),
+    "value_and_grad": lambda fn, x: jax.value_and_grad(_sum_of(fn))(x)[1],
+    "vjp": lambda fn, x: jax.vjp(fn, x)[1](jnp.ones_like(x))[0],
+    "jvp": lambda fn, x: jax.jvp(fn, (x,), (jnp.ones_like(x),))[1],
+    "jacfwd": lambda fn, x: jnp.diagonal(jax.jacfwd(fn)(x)),
+    "jacrev": lambda fn, x: jnp.diagonal(jax.jacrev(fn)(x)),
+    "vmap(grad)": lambda fn, x: jax.vmap(jax.grad(fn))(x),
+    "jit(grad)": lambda fn, x: jax.jit(jax.grad(_sum_of(fn)))(x),
+    "jit(jvp)": lambda fn, x: jax.jit(lambda x: jax.jvp(fn, (x,), (jnp.ones_like(x),))[1])(x),
+    "vmap(jit(jvp))": lambda fn, x: jax.vmap(jax.jit(lambda x: jax.jvp(fn, (x,), (jnp.ones_like(x),))[1]))(x),
+}
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_log1pexp_has_the_exact_derivative_under_every_transform(transform):
+    got = TRANSFORMS[transform](log1pexp, X)
+    np.testing.assert_allclose(got, SIGMOID, rtol=1e-6)
+    np.testing.assert_allclose(got, TRANSFORMS[transform](jax.nn.softplus, X), rtol=1e-6)  # stable autodiff
+
+
+def test_the_naive_formula_and_tfps_mean_are_what_the_library_fixes():
+    """The two wrong answers the library replaces, measured: the naive formula's NaN at x = 100."""
+    naive = jax.grad(lambda x: jnp.log(1 + jnp.exp(x)))(100.0)
+    assert np.isnan(naive)
+    assert float(jax.grad(log1pexp)(100.0)) == 1.0
+
+
+@pytest.mark.parametrize("wrap", ["plain", "jit", "vmap"])
+def test_the_value_is_fx_bit_for_bit(wrap):
+    fx = jnp.array([-0.0, jnp.inf, -jnp.inf, jnp.nan, 1e-40, 3.0])  # 1e-40: a float32 subnormal
+    x = jnp.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    fn = lambda x: sgm.custom_gradient(fx, 2.0 * x, x)  # noqa: E731
+    got = {"plain": fn, "jit": jax.jit(fn), "vmap": lambda x: jax.vmap(fn)(x[None])[0]}[wrap](x)
+    same = bits(got) == bits(fx)
+    flushed = (np.asarray(got) == 0) & (np.asarray(fx) != 0) & (np.abs(np.asarray(fx)) < 1.2e-38)
+    assert np.all(same | flushed), (got, fx)  # XLA's CPU kernels may flush a subnormal, as any arithmetic op
+    assert bits(got)[0] == bits(fx)[0] and bits(got)[3] == bits(fx)[3]  # −0.0 and NaN exactly
+
+
+def test_an_infinite_gx_gives_an_infinite_derivative_in_both_modes():
+    fn = lambda x: sgm.custom_gradient(jnp.sqrt(x), 0.5 / jnp.sqrt(x), x)  # noqa: E731
+    assert float(jax.grad(fn)(0.0)) == np.inf
+    assert float(jax.jvp(fn, (0.0,), (1.0,))[1]) == np.inf
+    assert float(fn(0.0)) == 0.0
+
+
+def test_an_infinite_or_nan_element_of_x_keeps_the_value_and_gets_no_derivative():
+    x = jnp.array([jnp.inf, 1.0, jnp.nan])
+    fn = lambda x: sgm.custom_gradient(jnp.ones(3), 3.0 * jnp.ones(3), x)  # noqa: E731
+    np.testing.assert_array_equal(fn(x), [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(jax.grad(_sum_of(fn))(x), [0.0, 3.0, 0.0])
+    np.testing.assert_array_equal(jax.jvp(fn, (x,), (jnp.ones(3),))[1], [0.0, 3.0, 0.0])
+
+
+A = jnp.array([[1.0, 2.0, 0.5], [-3.0, 0.25, 4.0]])
+
+
+@pytest.mark.parametrize("jacobian", [jax.jacfwd, jax.jacrev])
+def test_a_full_jacobian_gx(jacobian):
+    fn = lambda x: sgm.custom_gradient(A @ x, A, x)  # noqa: E731
+    np.testing.assert_array_equal(jacobian(fn)(jnp.array([1.0, -1.0, 2.0])), A)
+
+
+def test_a_scalar_fx_with_its_gradient():
+    fn = lambda x: sgm.custom_gradient(jnp.sum(x**2), 2.0 * x, x)  # noqa: E731
+    x = jnp.array([1.0, -2.0, 3.0])
+    np.testing.assert_array_equal(jax.grad(fn)(x), 2.0 * x)
+    np.testing.assert_array_equal(jax.jvp(fn, (x,), (jnp.ones(3),))[1], 2.0 * jnp.sum(x))
+
+
+def test_tfps_rule_for_a_gx_of_xs_shape_and_a_vector_fx():
+    """fx of 3 elements, x of 2, gx of x's shape: the gradient of sum(h) is gx (tfp's rule)."""
+    gx = jnp.array([5.0, -7.0])
+    fn = lambda x: sgm.custom_gradient(jnp.ones(3) * jnp.sum(x), gx, x)  # noqa: E731
+    np.testing.assert_allclose(jax.grad(_sum_of(fn))(jnp.array([1.0, 2.0])), gx, rtol=1e-6)
+
+
+def test_elementwise_with_broadcasting_a_scalar_x_and_a_vector_fx():
+    gx = jnp.array([1.0, 2.0, 3.0])
+    fn = lambda x: sgm.custom_gradient(x * gx, gx, x)  # noqa: E731
+    assert float(jax.grad(_sum_of(fn))(2.0)) == 6.0
+    np.testing.assert_array_equal(jax.jacfwd(fn)(2.0), gx)
+
+
+def test_pytrees_of_x_with_a_none_leaf():
+    def fn(params):
+        fx = params["a"] * params["b"][0]
+        return sgm.custom_gradient(fx, {"a": 3.0 * jnp.ones(2), "b": (None,)}, params)
+
+    params = {"a": jnp.array([1.0, 2.0]), "b": (jnp.array(4.0),)}
+    got = jax.grad(_sum_of(fn))(params)
+    np.testing.assert_array_equal(got["a"], [3.0, 3.0])
+    assert float(got["b"][0]) == 0.0  # None: no gradient
+
+
+@pytest.fixture
+def float64():
+    """JAX with float64 (off by default), for this test only."""
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+def test_float64_against_finite_differences(float64):
+    x = jnp.linspace(-2.0, 2.0, 7, dtype=jnp.float64)
+    fn = lambda x: sgm.custom_gradient(jnp.sin(x) * jnp.exp(x), (jnp.cos(x) + jnp.sin(x)) * jnp.exp(x), x)  # noqa: E731
+    f, xs, h = lambda v: np.sin(v) * np.exp(v), np.asarray(x, np.float64), 1e-6
+    exact = (f(xs + h) - f(xs - h)) / (2 * h)  # central differences in NumPy
+    assert jax.grad(_sum_of(fn))(x).dtype == jnp.float64
+    np.testing.assert_allclose(jax.grad(_sum_of(fn))(x), exact, rtol=1e-8)
+    np.testing.assert_allclose(jax.jvp(fn, (x,), (jnp.ones_like(x),))[1], exact, rtol=1e-8)
+
+
+def test_complex_values_follow_jaxs_convention():
+    """exp with its own derivative: jvp and vjp equal JAX's autodiff of exp, complex tangents and cotangents."""
+    z = jnp.array([0.3 + 1.0j, -1.0 + 0.5j])
+    t = jnp.array([1.0 - 2.0j, 0.5 + 0.25j])
+    fn = lambda z: sgm.custom_gradient(jnp.exp(z), jnp.exp(z), z)  # noqa: E731
+    np.testing.assert_allclose(jax.jvp(fn, (z,), (t,))[1], jax.jvp(jnp.exp, (z,), (t,))[1], rtol=1e-6)
+    np.testing.assert_allclose(jax.vjp(fn, z)[1](t)[0], jax.vjp(jnp.exp, z)[1](t)[0], rtol=1e-6)
+
+
+def test_the_second_derivative_through_a_stopped_gx_is_zero():
+    """The documented limit, as on TensorFlow: gx is held constant."""
+    assert float(jax.grad(jax.grad(log1pexp))(0.5)) == 0.0
+    np.testing.assert_array_equal(jax.hessian(_sum_of(log1pexp))(X[:3]), np.zeros([3, 3]))
+
+
+def test_an_integer_x_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match=r"x must be floating or complex.*int32"):
+        sgm.custom_gradient(jnp.ones(2), jnp.ones(2), jnp.array([1, 2], jnp.int32))
+
+
+def test_a_complex_gx_for_a_real_fx_is_a_type_error():
+    with pytest.raises(TypeError, match="real function has no complex derivative"):
+        sgm.custom_gradient(jnp.ones(2), jnp.ones(2, jnp.complex64), jnp.ones(2))
+
+
+def test_a_gx_of_no_layout_is_a_value_error_naming_the_shapes():
+    with pytest.raises(ValueError, match=r"gradient for x fits no layout: fx has shape \(2,\), x has shape \(3,\) "
+                                         r"and its gradient has shape \(4,\)"):
+        sgm.custom_gradient(jnp.ones(2), jnp.ones(4), jnp.ones(3))
+
+
+def test_gx_of_another_structure_is_a_value_error():
+    with pytest.raises(ValueError, match="gx must have the structure of x"):
+        sgm.custom_gradient(jnp.ones(2), {"a": jnp.ones(2)}, {"b": jnp.ones(2)})
+
+
+def test_the_decorator_form_is_refused_clearly_until_it_exists():
+    with pytest.raises(TypeError, match="decorator form is not yet on JAX"):
+        sgm.custom_gradient(lambda x: (x, lambda dy: dy))
+
+
+def test_sharded_arrays_over_two_host_devices():
+    """A batch sharded over two CPU devices: value and gradient as on one device, the output sharded alike."""
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        import stopgrad_math.jax as sgm
+        mesh = Mesh(np.array(jax.devices()[:2]), ("batch",))
+        x = jax.device_put(jnp.linspace(-5.0, 100.0, 8), NamedSharding(mesh, PartitionSpec("batch")))
+        f = lambda x: sgm.custom_gradient(jnp.logaddexp(x, 0.0), jax.nn.sigmoid(x), x)
+        value, grad = jax.jit(jax.value_and_grad(lambda x: f(x).sum()))(x)
+        tangent = jax.jit(lambda x: jax.jvp(f, (x,), (jnp.ones_like(x),))[1])(x)
+        assert len(x.sharding.device_set) == 2 and len(tangent.sharding.device_set) == 2
+        np.testing.assert_allclose(grad, jax.nn.sigmoid(np.linspace(-5.0, 100.0, 8)), rtol=1e-6)
+        np.testing.assert_allclose(tangent, grad, rtol=1e-6)
+        print("ok", len(jax.devices()))
+    """)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok", "2"]
