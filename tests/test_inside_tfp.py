@@ -33,17 +33,20 @@ def _run(fn, args, mode):
     return tf.nest.map_structure(np.asarray, wrapped(*[tf.constant(a) for a in args]))
 
 
-def _ours_and_tfps(fn, args, mode):
-    """fn's numbers with TFP's factory on the library's decorator, and on tf.custom_gradient."""
+def _on_the_library(fn, args, mode):
+    """fn's numbers with TFP's factory on the library's decorator."""
     namespace = types.SimpleNamespace(**{name: getattr(tf, name) for name in dir(tf) if not name.startswith("__")})
     namespace.custom_gradient = stopgrad_math.custom_gradient
-    want = _run(fn, args, mode)
     tfp_factory.tf = namespace
     try:
-        got = _run(fn, args, mode)
+        return _run(fn, args, mode)
     finally:
         tfp_factory.tf = tf
-    return got, want
+
+
+def _ours_and_tfps(fn, args, mode):
+    """fn's numbers with TFP's factory on the library's decorator, and on tf.custom_gradient."""
+    return _on_the_library(fn, args, mode), _run(fn, args, mode)
 
 
 def _gradient(value, sources):
@@ -101,3 +104,22 @@ def test_mixture_same_family_prevent_gradient_on_a_larger_y_is_refused(mode):
     """The stated limit: PreventGradient on the upstream of a y over 16 elements raises, naming the op."""
     with pytest.raises(ValueError, match="PreventGradient"):
         _ours_and_tfps(_mixture_sample_gradient(17), (np.float32([-1.0, 2.0]),), mode)
+
+
+def test_the_order_1_limit_mixture_same_familys_second_derivative_does_not_raise():
+    """The documented order=1 limit, tested as that limit: TFP's PreventGradient in the grad_fn makes
+    tf.custom_gradient raise on a second derivative; the decorator holds J constant and returns a number."""
+    def second(loc):
+        with tf.GradientTape() as outer:
+            outer.watch(loc)
+            with tf.GradientTape() as inner:
+                inner.watch(loc)
+                mixture = tfd.MixtureSameFamily(tfd.Categorical(logits=[0.0, 1.0]), tfd.Normal(loc, 1.0),
+                                                reparameterize=True)
+                total = tf.reduce_sum(tf.sin(mixture.sample(4, seed=(1, 2))))
+            first = inner.gradient(total, loc)
+        return outer.gradient(first, loc)
+
+    with pytest.raises(LookupError, match="Second derivative is not implemented"):
+        _run(second, (np.float32([-1.0, 2.0]),), "eager")
+    assert np.all(np.isfinite(_on_the_library(second, (np.float32([-1.0, 2.0]),), "eager")))

@@ -6,6 +6,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from helpers import bits  # noqa: E402
+from jax_transforms import TRANSFORMS  # noqa: E402
 
 import stopgrad_math.jax as sgm  # noqa: E402
 
@@ -103,6 +104,36 @@ def test_zero_with_gradient_is_plus_zero_with_slope_one():
     reverse, forward = _both_modes(sgm.zero_with_gradient, x)
     np.testing.assert_array_equal(reverse, [1.0, 1.0, 0.0])
     np.testing.assert_array_equal(forward, [1.0, 1.0, 0.0])
+
+
+Y = jnp.array([2.0, -0.5, 3.0])
+# Elementwise uses of every helper, with the derivative (the Jacobian's diagonal) each must have at X.
+ELEMENTWISE = {
+    "stop_gradient": (sgm.stop_gradient, np.zeros(3)),
+    "stop_gradient_where": (lambda x: sgm.stop_gradient_where(x, x > 0), np.float32([0.0, 1.0, 0.0])),
+    "straight_through": (lambda x: sgm.straight_through(jnp.round(x), x), np.ones(3)),
+    "scale_gradient": (lambda x: sgm.scale_gradient(x, 0.1), np.full(3, np.float32(0.1))),
+    "reverse_gradient": (lambda x: sgm.reverse_gradient(x, 2.0), np.full(3, -2.0)),
+    "zero_with_gradient": (sgm.zero_with_gradient, np.ones(3)),
+    "magic_box": (lambda x: sgm.magic_box(x**2), 2 * np.asarray(X)),
+    "partial_custom_gradient": (lambda x: sgm.partial_custom_gradient(lambda x, y: x * y, lambda x, y: 2 * y, x,
+                                                                      jnp.ones_like(x) * 3.0), np.full(3, 6.0)),
+}
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+@pytest.mark.parametrize("helper", ELEMENTWISE)
+def test_every_helper_under_every_transform(helper, transform):
+    fn, want = ELEMENTWISE[helper]
+    np.testing.assert_allclose(TRANSFORMS[transform](fn, X), want, rtol=1e-6)
+
+
+def test_magic_box_hessian_and_forward_over_reverse():
+    """d²/dx² magic_box(x²) = (2x)² + 2 elementwise: jax.hessian (forward over reverse) and jacrev of jacfwd."""
+    fn = lambda x: jnp.sum(sgm.magic_box(x**2))  # noqa: E731
+    want = np.diag((2 * np.asarray(X)) ** 2 + 2)
+    np.testing.assert_allclose(jax.hessian(fn)(X), want, rtol=1e-5)
+    np.testing.assert_allclose(jax.jacrev(jax.jacfwd(fn))(X), want, rtol=1e-5)
 
 
 @pytest.mark.parametrize("call", [

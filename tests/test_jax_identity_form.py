@@ -12,6 +12,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from helpers import bits  # noqa: E402
+from jax_transforms import TRANSFORMS  # noqa: E402
 
 import stopgrad_math.jax as sgm  # noqa: E402
 
@@ -25,21 +26,6 @@ def log1pexp(x):
 
 def _sum_of(fn):
     return lambda x: jnp.sum(fn(x))
-
-
-# Each transform as a function of (fn, x) returning the derivative along ones (or the diagonal of the Jacobian).
-TRANSFORMS = {
-    "grad": lambda fn, x: jax.grad(_sum_of(fn))(x),
-    "value_and_grad": lambda fn, x: jax.value_and_grad(_sum_of(fn))(x)[1],
-    "vjp": lambda fn, x: jax.vjp(fn, x)[1](jnp.ones_like(x))[0],
-    "jvp": lambda fn, x: jax.jvp(fn, (x,), (jnp.ones_like(x),))[1],
-    "jacfwd": lambda fn, x: jnp.diagonal(jax.jacfwd(fn)(x)),
-    "jacrev": lambda fn, x: jnp.diagonal(jax.jacrev(fn)(x)),
-    "vmap(grad)": lambda fn, x: jax.vmap(jax.grad(fn))(x),
-    "jit(grad)": lambda fn, x: jax.jit(jax.grad(_sum_of(fn)))(x),
-    "jit(jvp)": lambda fn, x: jax.jit(lambda x: jax.jvp(fn, (x,), (jnp.ones_like(x),))[1])(x),
-    "vmap(jit(jvp))": lambda fn, x: jax.vmap(jax.jit(lambda x: jax.jvp(fn, (x,), (jnp.ones_like(x),))[1]))(x),
-}
 
 
 @pytest.mark.parametrize("transform", TRANSFORMS)
