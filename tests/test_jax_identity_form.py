@@ -189,3 +189,39 @@ def test_sharded_arrays_over_two_host_devices():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["ok", "2"]
+
+
+# ---------------------------------------------------------------- hypothesis: shapes, dtypes, awkward values
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+AWKWARD = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25, 3e4, 1e-30]
+DTYPES = [jnp.float16, jnp.bfloat16, jnp.float32]
+
+
+@st.composite
+def _elementwise_cases(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3))
+    values = st.sampled_from(AWKWARD)
+    fx, gx = (np.array(draw(hnp.arrays(np.float64, shape, elements=values)), dtype) for _ in range(2))
+    x = np.array(draw(hnp.arrays(np.float64, shape, elements=st.sampled_from([0.5, -1.0, 2.0, np.inf]))), dtype)
+    return fx, gx, x
+
+
+@settings(max_examples=60, deadline=None)
+@given(_elementwise_cases())
+def test_the_value_is_fx_and_the_derivative_gx_for_any_shape_dtype_and_value(case):
+    fx, gx, x = case
+    fn = jax.jit(lambda x: sgm.custom_gradient(fx, gx, x))
+    value = np.asarray(fn(x))
+    flushed = (value == 0) & (np.signbit(value) == np.signbit(fx)) & (np.abs(fx.astype(np.float64)) < 1e-4)
+    assert np.all((bits(value) == bits(fx)) | flushed | (np.isnan(value) & np.isnan(fx.astype(np.float64))))
+    tangent = np.asarray(jax.jvp(fn, (x,), (np.ones_like(x),))[1]).astype(np.float64)
+    cotangent = np.asarray(jax.vjp(fn, x)[1](np.ones_like(fx))[0]).astype(np.float64)
+    finite = np.isfinite(x.astype(np.float64))
+    want = np.where(finite, gx.astype(np.float64), 0.0)  # an inf element of x: value kept, no derivative
+    np.testing.assert_array_equal(tangent, want)
+    np.testing.assert_array_equal(cotangent, want)

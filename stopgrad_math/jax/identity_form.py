@@ -35,6 +35,7 @@ def _checked(fx: jax.Array, label: str, g: Any, x: Any) -> tuple[Layout, jax.Arr
 
 def _term(layout: Layout, fx: jax.Array, x: jax.Array, g: jax.Array) -> jax.Array:
     """+0.0 broadcasting to fx's shape, with derivative g in its layout."""
+    g = jnp.where(jnp.isfinite(identity.stop(x)), g, jnp.zeros((), g.dtype))  # inf or NaN x: 0, never g·0 = NaN
     product = identity.multiply_no_nan(g, identity.zero_with_slope(x, slope_is_negative=True).astype(fx.dtype))
     if layout is Layout.ELEMENTWISE:
         return product
