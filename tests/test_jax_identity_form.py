@@ -170,7 +170,8 @@ def test_the_decorator_form_is_refused_clearly_until_it_exists():
 
 
 def test_sharded_arrays_over_two_host_devices():
-    """A batch sharded over two CPU devices: value and gradient as on one device, the output sharded alike."""
+    """A batch sharded over two CPU devices: the identity form's and the helpers' derivatives as on one device, the
+    outputs sharded alike."""
     code = textwrap.dedent("""
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -183,6 +184,16 @@ def test_sharded_arrays_over_two_host_devices():
         assert len(x.sharding.device_set) == 2 and len(tangent.sharding.device_set) == 2
         np.testing.assert_allclose(grad, jax.nn.sigmoid(np.linspace(-5.0, 100.0, 8)), rtol=1e-6)
         np.testing.assert_allclose(tangent, grad, rtol=1e-6)
+        helpers = {  # each helper on the sharded batch, with its derivative
+            "scale_gradient": (lambda x: sgm.scale_gradient(x, 0.1), np.float32(0.1)),
+            "straight_through": (lambda x: sgm.straight_through(jnp.round(x), x), 1.0),
+            "stop_gradient_where": (lambda x: sgm.stop_gradient_where(x, x > 50.0), np.linspace(-5, 100, 8) <= 50),
+            "magic_box": (lambda x: sgm.magic_box(2.0 * x), 2.0),
+        }
+        for name, (fn, want) in helpers.items():
+            got = jax.jit(jax.grad(lambda x: fn(x).sum()))(x)
+            assert len(got.sharding.device_set) == 2, name
+            np.testing.assert_allclose(got, np.broadcast_to(want, (8,)), rtol=1e-6, err_msg=name)
         print("ok", len(jax.devices()))
     """)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
