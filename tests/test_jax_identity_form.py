@@ -184,11 +184,15 @@ def test_sharded_arrays_over_two_host_devices():
         assert len(x.sharding.device_set) == 2 and len(tangent.sharding.device_set) == 2
         np.testing.assert_allclose(grad, jax.nn.sigmoid(np.linspace(-5.0, 100.0, 8)), rtol=1e-6)
         np.testing.assert_allclose(tangent, grad, rtol=1e-6)
-        helpers = {  # each helper on the sharded batch, with its derivative
+        helpers = {  # each helper on the sharded batch, with its derivative (stop_gradient: a constant 0, unsharded)
             "scale_gradient": (lambda x: sgm.scale_gradient(x, 0.1), np.float32(0.1)),
             "straight_through": (lambda x: sgm.straight_through(jnp.round(x), x), 1.0),
             "stop_gradient_where": (lambda x: sgm.stop_gradient_where(x, x > 50.0), np.linspace(-5, 100, 8) <= 50),
             "magic_box": (lambda x: sgm.magic_box(2.0 * x), 2.0),
+            "reverse_gradient": (lambda x: sgm.reverse_gradient(x, 2.0), -2.0),
+            "zero_with_gradient": (sgm.zero_with_gradient, 1.0),
+            "partial_custom_gradient": (lambda x: sgm.partial_custom_gradient(lambda x, y: x * y, lambda x, y: 2 * y,
+                                                                              x, 3.0), 6.0),
         }
         for name, (fn, want) in helpers.items():
             got = jax.jit(jax.grad(lambda x: fn(x).sum()))(x)
