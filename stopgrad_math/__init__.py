@@ -39,6 +39,7 @@ _MODULE_OF = {
     "zero_with_gradient": "identity",
 }
 
+# Written out, not sorted(_MODULE_OF): the API reference reads the names statically.
 __all__ = [
     "GradientReport",
     "assert_gradient",

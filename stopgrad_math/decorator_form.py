@@ -576,7 +576,7 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
         token = _tf_internal.AUTOGRAPH_STATUS.set(status)
         try:
             evaluating = _EVALUATING.get()
-            if identity.nothing_records() or not _needs_embedding(f, evaluating, args, kwargs):
+            if not _needs_embedding(f, evaluating, args, kwargs):  # `decorated` took the nothing-records case
                 return _call_f(f, args, kwargs)[0]
             with identity.name_scope(scope):
                 if value_only_mode.active():

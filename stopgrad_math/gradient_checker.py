@@ -9,7 +9,14 @@ import numpy as np
 import tensorflow as tf
 
 from stopgrad_math import tolerances
-from stopgrad_math.gradient_report import ArgumentReport, GradientReport, central_differences, check_options, compare
+from stopgrad_math.gradient_report import (
+    ArgumentReport,
+    GradientReport,
+    central_differences,
+    check_options,
+    compare,
+    output_weights,
+)
 from stopgrad_math.identity import is_floating
 
 __all__ = ["ArgumentReport", "GradientReport", "assert_gradient", "check_gradient"]
@@ -25,16 +32,10 @@ def _weighted_sum(fn: Callable[..., Any], args: Sequence[Any], weights: Sequence
     return total
 
 
-def _output_weights(fn: Callable[..., Any], args: Sequence[Any], seed: int) -> tuple[list[np.ndarray], bool]:
-    """Random weights in [0.5, 1.5], zero on outputs that are not finite at the point."""
-    rng = np.random.default_rng(seed)
-    weights, any_not_finite = [], False
-    for out in tf.nest.flatten(fn(*args)):
-        value = np.asarray(tf.cast(out, tf.float64)) if is_floating(tf.convert_to_tensor(out).dtype) else 0.0
-        finite = np.isfinite(value)
-        any_not_finite |= not np.all(finite)
-        weights.append(np.where(finite, rng.uniform(0.5, 1.5, np.shape(value)), 0.0))
-    return weights, any_not_finite
+def _output_values(fn: Callable[..., Any], args: Sequence[Any]) -> list[np.ndarray | float]:
+    """fn's outputs at the point in float64 (a non-floating one as 0.0), for ``output_weights``."""
+    return [np.asarray(tf.cast(out, tf.float64)) if is_floating(tf.convert_to_tensor(out).dtype) else 0.0
+            for out in tf.nest.flatten(fn(*args))]
 
 
 def _numeric(
@@ -152,7 +153,7 @@ def check_gradient(
     check_options(step, rtol, atol)
     points = [_point(a, i) for i, a in enumerate(args)]
     floating = [i for i, a in enumerate(points) if isinstance(a, tf.Tensor) and is_floating(a.dtype)]
-    weights, fn_not_finite = _output_weights(fn, points, seed)
+    weights, fn_not_finite = output_weights(_output_values(fn, points), seed)
     rows = []
     for i in floating:
         rtol_i = tolerances.rtol(points[i].dtype, "finite_differences") if rtol is None else rtol

@@ -4,7 +4,7 @@ TensorFlow and JAX checkers (NumPy only)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -103,3 +103,15 @@ def central_differences(total_at: Callable[[np.ndarray], float], x: np.ndarray, 
             shifted.append(total_at(moved))
         result[position] = (shifted[0] - shifted[1]) / (2 * step)
     return result
+
+
+def output_weights(values: Sequence[np.ndarray | float], seed: int) -> tuple[list[np.ndarray], bool]:
+    """Random weights in [0.5, 1.5] for fn's outputs at the point (``values``: each in float64, a non-floating
+    one as a stand-in), zero where the output is not finite; and whether any output is not finite."""
+    rng = np.random.default_rng(seed)
+    weights, any_not_finite = [], False
+    for value in values:
+        finite = np.isfinite(value)
+        any_not_finite |= not np.all(finite)
+        weights.append(np.where(finite, rng.uniform(0.5, 1.5, np.shape(value)), 0.0))
+    return weights, any_not_finite

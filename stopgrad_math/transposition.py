@@ -94,22 +94,23 @@ def _all_reduces_transposed(verdicts: list[tuple[tf.Operation, Finding]],
     all-reduce in a replica context (``tf.distribute``), whose gradient, an all-reduce of every replica's
     upstream, is its exact transpose. Unit upstreams cannot stand in for it (each replica would see only its
     own), so it must take the transpose route."""
+    replicated = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
     covered: set[tf.Operation] = set()
     for op, finding in verdicts:
         if finding.verdict is linear_ops.CUSTOM_GRADIENT:
-            collectives = {a for a in _ancestors(list(op.inputs), ops) if _is_collective(a)}
+            collectives = {a for a in _ancestors(list(op.inputs), ops) if _is_collective(a, replicated)}
             if collectives:
                 covered |= {op, *collectives}
     return [(op, finding) for op, finding in verdicts if op not in covered]
 
 
-def _is_collective(op: tf.Operation) -> bool:
-    """A collective op, or, in a replica context, a sum of tensors from several devices: how an all-reduce
-    is built in a TF1 graph (``MirroredStrategy`` reduces to one device, then copies back)."""
+def _is_collective(op: tf.Operation, replicated: bool) -> bool:
+    """A collective op, or, in a replica context, an op whose inputs come from several devices: how a TF1
+    graph builds an all-reduce (``MirroredStrategy`` reduces to one device, then copies back). An input with no
+    device set says nothing of where it is, and is not counted."""
     if op.type in linear_ops.COLLECTIVES:
         return True
-    replicated = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
-    return replicated and len({op.device, *(t.op.device for t in op.inputs)}) > 1
+    return replicated and len({t.op.device for t in op.inputs} - {""}) > 1
 
 
 def _unique(found: list[Finding]) -> list[Finding]:

@@ -35,8 +35,8 @@ def test_log1pexp_has_the_exact_derivative_under_every_transform(transform):
     np.testing.assert_allclose(got, TRANSFORMS[transform](jax.nn.softplus, X), rtol=1e-6)  # stable autodiff
 
 
-def test_the_naive_formula_and_tfps_mean_are_what_the_library_fixes():
-    """The two wrong answers the library replaces, measured: the naive formula's NaN at x = 100."""
+def test_the_naive_formulas_nan_at_100_is_what_the_library_fixes():
+    """The wrong answer the library replaces, measured (tfp's mean-of-derivatives JVP: tests/test_tfp_on_jax.py)."""
     naive = jax.grad(lambda x: jnp.log(1 + jnp.exp(x)))(100.0)
     assert np.isnan(naive)
     assert float(jax.grad(log1pexp)(100.0)) == 1.0

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stopgrad_math import tolerances
-from stopgrad_math.gradient_report import GradientReport, central_differences, check_options, compare
+from stopgrad_math.gradient_report import GradientReport, central_differences, check_options, compare, output_weights
 
 __all__ = ["GradientReport", "assert_gradient", "check_gradient"]
 
@@ -29,16 +29,10 @@ def _weighted_sum(fn: Callable[..., Any], args: Sequence[Any], weights: Sequence
     return total
 
 
-def _output_weights(fn: Callable[..., Any], args: Sequence[Any], seed: int) -> tuple[list[np.ndarray], bool]:
-    """Random weights in [0.5, 1.5], zero on outputs that are not finite at the point."""
-    rng = np.random.default_rng(seed)
-    weights, any_not_finite = [], False
-    for out in jax.tree_util.tree_leaves(fn(*args)):
-        value = np.asarray(out, np.float64) if _floating(out) else np.zeros(np.shape(out))
-        finite = np.isfinite(value)
-        any_not_finite |= not np.all(finite)
-        weights.append(np.where(finite, rng.uniform(0.5, 1.5, np.shape(value)), 0.0))
-    return weights, any_not_finite
+def _output_values(fn: Callable[..., Any], args: Sequence[Any]) -> list[np.ndarray | float]:
+    """fn's output leaves at the point in float64 (a non-floating one as zeros), for ``output_weights``."""
+    return [np.asarray(out, np.float64) if _floating(out) else np.zeros(np.shape(out))
+            for out in jax.tree_util.tree_leaves(fn(*args))]
 
 
 def _numeric(fn: Callable[..., Any], args: Sequence[Any], index: int, weights: Sequence[np.ndarray],
@@ -105,7 +99,7 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     """
     check_options(step, rtol, atol)
     points = [_point(a, i) for i, a in enumerate(args)]
-    weights, fn_not_finite = _output_weights(fn, points, seed)
+    weights, fn_not_finite = output_weights(_output_values(fn, points), seed)
     rows = []
     for i in (i for i, a in enumerate(points) if _floating(a)):
         rtol_i = tolerances.rtol(points[i].dtype, "finite_differences") if rtol is None else rtol
