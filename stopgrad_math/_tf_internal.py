@@ -14,6 +14,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.eager import record as _record
 from tensorflow.python.framework import ops as _ops
+from tensorflow.python.ops import gradients_util as _gradients_util
 from tensorflow.python.util import nest as _nest
 
 could_possibly_record = _record.could_possibly_record
@@ -40,6 +41,16 @@ library does not hold; ``tf.stop_gradient`` pauses them all this way, one op at 
 should_record_backprop = _record.should_record_backprop
 """Whether an active tape records ops on these tensors: the decorator's test of whether grad_fn's result depends
 on the upstream at all (``tape.gradient`` would answer only after computing it)."""
+
+
+
+def higher_order_gradient_possible(tensors: list[tf.Tensor]) -> bool:
+    """Whether two tapes, a persistent tape, or a tape and an accumulator watch these tensors: TensorFlow's own
+    test of whether a gradient of a gradient can be taken, which tf.function asks to choose its gradient
+    functions. No public API says how many tapes watch a tensor."""
+    kind = _gradients_util.PossibleTapeGradientTypes(tensors)
+    return bool(kind == _gradients_util.POSSIBLE_GRADIENT_TYPES_HIGHER_ORDER)
+
 
 VariableWatcher = _record.VariableWatcher
 """The variables a function reads, as tf.custom_gradient finds them for ``grad_fn(..., variables=...)``. A

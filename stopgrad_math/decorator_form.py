@@ -46,6 +46,7 @@ from stopgrad_math import (
     gradient_layout,
     identity,
     numerical_linearity,
+    second_derivative_guard,
     transposition,
     value_only_mode,
 )
@@ -485,7 +486,21 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         return plan.outputs.structure  # nothing to differentiate: no grad_fn call, as tf.custom_gradient
     probe = None if tf.executing_eagerly() else _probe(plan, persistent=True, watch=not _one_element(plan))
     route = _route(plan, probe, routes, _eager_signature(plan, kwargs), require_proof)
-    return plan.with_terms(_TERMS[route](plan, probe))
+    terms = _TERMS[route](plan, probe)
+    if order == 1 and _EVALUATING.get() is None:
+        _guard_second_derivatives(plan, terms)
+    return plan.with_terms(terms)
+
+
+def _guard_second_derivatives(plan: _Plan, terms: dict[int, list[tf.Tensor]]) -> None:
+    """At order 1, where a second derivative could be taken, one more zero term on each output that makes it
+    raise (``second_derivative_guard``). Not for calls inside a grad_fn: their derivatives are J's own."""
+    arguments = [plan.arguments.components[i].tensor for i in plan.arguments.differentiable]
+    if not arguments or not second_derivative_guard.needed(arguments):
+        return
+    guard = second_derivative_guard.zero_term(arguments)
+    for i in plan.outputs.differentiable:
+        terms.setdefault(i, []).append(identity.cast(guard, plan.outputs.components[i].tensor.dtype))
 
 
 def _value_alone(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

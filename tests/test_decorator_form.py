@@ -618,14 +618,6 @@ def test_eager_with_nothing_watching_returns_y_as_f_computed_it():
 # ---------------------------------------------------------------- higher order
 
 
-def test_order_one_second_derivative_is_unconnected():
-    x = tf.constant(1.5)
-    with tf.GradientTape() as outer:
-        outer.watch(x)
-        grad = vjp(log1pexp_tf, x)
-    assert outer.gradient(grad, x) is None
-
-
 @custom_gradient(order=2)
 def sin_times_x(x):
     return tf.sin(x) * x, lambda dy: dy * (tf.cos(x) * x + tf.sin(x))

@@ -106,9 +106,9 @@ def test_mixture_same_family_prevent_gradient_on_a_larger_y_is_refused(mode):
         _ours_and_tfps(_mixture_sample_gradient(17), (np.float32([-1.0, 2.0]),), mode)
 
 
-def test_the_order_1_limit_mixture_same_familys_second_derivative_does_not_raise():
-    """The documented order=1 limit, tested as that limit: TFP's PreventGradient in the grad_fn makes
-    tf.custom_gradient raise on a second derivative; the decorator holds J constant and returns a number."""
+def test_mixture_same_familys_second_derivative_raises_as_tfps():
+    """TFP's PreventGradient in the grad_fn makes tf.custom_gradient raise on a second derivative; the decorator
+    holds J constant at order=1, and its guard raises there instead (stopgrad_math.second_derivative_guard)."""
     def second(loc):
         with tf.GradientTape() as outer:
             outer.watch(loc)
@@ -122,4 +122,5 @@ def test_the_order_1_limit_mixture_same_familys_second_derivative_does_not_raise
 
     with pytest.raises(LookupError, match="Second derivative is not implemented"):
         _run(second, (np.float32([-1.0, 2.0]),), "eager")
-    assert np.all(np.isfinite(_on_the_library(second, (np.float32([-1.0, 2.0]),), "eager")))
+    with pytest.raises(LookupError, match=r"custom_gradient\(order=2\)"):
+        _on_the_library(second, (np.float32([-1.0, 2.0]),), "eager")

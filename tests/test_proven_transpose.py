@@ -257,28 +257,3 @@ def test_the_readme_decorator_example_under_tf_function_draws_no_autograph_warni
     assert "AutoGraph" not in result.stderr and "Please report this" not in result.stderr, result.stderr
     np.testing.assert_allclose(np.array(result.stdout.strip(" []\n").split(), float),
                                tf.math.sigmoid([-1.0, 0.0, 2.0]), rtol=1e-6)
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_the_order_1_limit_a_second_derivative_beside_others_misses_the_term_through_j(mode):
-    """The documented limit, tested as that limit: for exp(f(x)) the second derivative is exp(f)·(f′² + f″);
-    order=1 holds J constant and gives exp(f)·f′² alone, silently; order=2 and tf.custom_gradient are exact."""
-    def second_derivative(decorator):
-        f = decorator(lambda x: (tf.sin(x), lambda dy: dy * tf.cos(x)))
-
-        def run(x):
-            with tf.GradientTape() as outer:
-                outer.watch(x)
-                with tf.GradientTape() as inner:
-                    inner.watch(x)
-                    y = tf.reduce_sum(tf.exp(f(x)))
-                first = inner.gradient(y, x)
-            return outer.gradient(first, x)
-
-        return in_mode(run, mode)(X).numpy()
-
-    x = X.numpy().astype(np.float64)
-    truth = np.exp(np.sin(x)) * (np.cos(x) ** 2 - np.sin(x))
-    np.testing.assert_allclose(second_derivative(custom_gradient(order=2)), truth, rtol=1e-5)
-    np.testing.assert_allclose(second_derivative(tf.custom_gradient), truth, rtol=1e-5)
-    np.testing.assert_allclose(second_derivative(custom_gradient), np.exp(np.sin(x)) * np.cos(x) ** 2, rtol=1e-5)

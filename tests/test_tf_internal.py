@@ -78,3 +78,22 @@ def test_gradient_function_tells_an_op_with_a_gradient_from_one_declared_without
     assert _tf_internal.gradient_function(ops["ZerosLike"]) is None  # declared not differentiable
     with pytest.raises(LookupError):
         _tf_internal.gradient_function(ops["RandomGammaGrad"])
+
+
+def test_a_higher_order_gradient_is_possible_under_two_watchers_or_a_persistent_tape():
+    x, other = tf.constant(2.0), tf.constant(3.0)
+    assert not _tf_internal.higher_order_gradient_possible([x])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        assert not _tf_internal.higher_order_gradient_possible([x])
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            assert _tf_internal.higher_order_gradient_possible([x])
+            assert not _tf_internal.higher_order_gradient_possible([other])
+        with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)):
+            assert _tf_internal.higher_order_gradient_possible([x])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        assert _tf_internal.higher_order_gradient_possible([x])
+    with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)):
+        assert not _tf_internal.higher_order_gradient_possible([x])
