@@ -102,7 +102,7 @@ def _point(value: Any, index: int) -> Any:
     return tensor if isinstance(tensor, tf.Tensor) and is_floating(tensor.dtype) else value
 
 
-_CONVERTIBLE = (float, list, tuple, np.ndarray, np.floating, np.complexfloating, tf.Variable)
+_CONVERTIBLE = (float, complex, list, tuple, np.ndarray, np.floating, np.complexfloating, tf.Variable)
 
 
 def check_gradient(
@@ -137,7 +137,8 @@ def check_gradient(
     as a tensor. A report passes only when something was checked: with no
     floating argument, or every element skipped, it fails.
     ``step`` must be a finite number above 0 (ValueError otherwise); complex
-    arguments are refused (TypeError).
+    arguments are refused (TypeError); inside tf.function it raises
+    RuntimeError (it is eager by design: fn may be a tf.function).
 
     Returns:
       A GradientReport: ``passed``, ``max_abs_error``, ``max_rel_error`` and,
@@ -150,6 +151,11 @@ def check_gradient(
         >>> check_gradient(log1pexp, tf.constant([-3.0, 0.0, 5.0])).passed
         True
     """
+    if not tf.executing_eagerly():
+        raise RuntimeError(
+            "check_gradient runs eagerly: it evaluates fn at many points and compares the numbers, which a graph "
+            "being traced (tf.function) does not have. Call it outside tf.function; fn itself may be one."
+        )
     check_options(step, rtol, atol)
     points = [_point(a, i) for i, a in enumerate(args)]
     floating = [i for i, a in enumerate(points) if isinstance(a, tf.Tensor) and is_floating(a.dtype)]

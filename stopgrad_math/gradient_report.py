@@ -51,6 +51,7 @@ class GradientReport:
             return "nothing was checked: fn has no floating argument"
         header = f"{'arg':>4} {'mode':>8} {'ok':>3} {'max abs err':>12} {'max rel err':>12} {'worst at':>10}"
         header += f" {'computed':>13} {'numeric':>13} {'checked':>8} {'skipped':>8} {'differences in':>14}"
+        legend = "computed, numeric: the derivative of ⟨w, fn(*args)⟩ at the worst element, w fixed random weights"
         lines = [header]
         for r in self.rows:
             where = "-" if r.worst_index is None else str(list(r.worst_index))
@@ -59,7 +60,7 @@ class GradientReport:
                 f"{r.max_rel_error:>12.4g} {where:>10} {r.computed:>13.6g} {r.numeric:>13.6g} "
                 f"{r.checked:>8} {r.skipped:>8} {r.numeric_dtype:>14}"
             )
-        return "\n".join(lines)
+        return "\n".join([*lines, legend])
 
 
 def compare(argument: int, mode: str, computed: np.ndarray, numeric: np.ndarray, tolerance: tuple[float, float],
@@ -92,9 +93,12 @@ def check_options(step: Any, rtol: Any, atol: Any) -> None:
 
 def central_differences(total_at: Callable[[np.ndarray], float], x: np.ndarray, step_scale: float) -> np.ndarray:
     """Central differences of a scalar function of x (``total_at``: the point in float64 → the value) w.r.t.
-    every element of x, with the relative step ``step_scale·max(1, |x|)``."""
-    result = np.empty(x.shape)
+    every element of x, with the relative step ``step_scale·max(1, |x|)``; NaN (skipped) where x is not finite,
+    which no step moves."""
+    result = np.full(x.shape, np.nan)
     for position in np.ndindex(x.shape):
+        if not np.isfinite(x[position]):
+            continue
         step = step_scale * max(1.0, float(abs(x[position])))
         shifted = []
         for sign in (1.0, -1.0):

@@ -80,7 +80,8 @@ def test_functions_of_float32_constants_fall_back_to_their_dtype():
 def test_report_table_has_one_row_per_argument_and_mode():
     report = check_gradient(lambda x, y: x * y, tf.constant([1.0], tf.float64), tf.constant([2.0], tf.float64))
     table = str(report).splitlines()
-    assert len(table) == 1 + 4 and "max abs err" in table[0]
+    assert len(table) == 1 + 4 + 1 and "max abs err" in table[0]
+    assert "derivative of ⟨w, fn(*args)⟩" in table[-1]  # computed and numeric are not fn's own derivatives
 
 
 # ---------------------------------------------------------------- never a vacuous pass
@@ -118,3 +119,14 @@ def test_a_step_that_is_no_positive_finite_number_is_a_value_error(step):
 def test_complex_arguments_are_refused_not_skipped():
     with pytest.raises(TypeError, match="real and imaginary parts"):
         check_gradient(lambda z: z * z, tf.constant([1.0 + 1j]))
+
+
+def test_inside_tf_function_it_says_it_runs_eagerly():
+    """It was NotImplementedError: Cannot convert a symbolic tf.Tensor to a numpy array."""
+    @tf.function
+    def traced(x):
+        return check_gradient(tf.math.softplus, x).passed
+
+    with pytest.raises(RuntimeError, match=r"check_gradient runs eagerly.*outside tf\.function"):
+        traced(tf.constant([1.0]))
+    assert check_gradient(tf.function(tf.math.softplus), tf.constant([1.0])).passed  # fn may be a tf.function
