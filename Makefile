@@ -8,7 +8,7 @@ DEPS := setup.cfg pyproject.toml
 OLDEST := .venv-oldest
 OLDEST_PINS := .ci/oldest.txt
 
-.PHONY: demo test test-oldest lint docs bench clean
+.PHONY: demo test test-oldest test-mutants lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ docs: $(VENV)/.installed-test
 
 test: lint docs
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest
+
+# Deliberately broken variants of the library (tests/mutants.py), each of which its tests must catch.
+test-mutants: $(VENV)/.installed-test
+	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python tests/mutants.py
 
 # The same suite in an environment of the oldest versions setup.cfg allows; pip's cache is shared with .venv.
 $(OLDEST)/bin/python:

@@ -22,6 +22,11 @@ settings.register_profile(
 )
 settings.load_profile("project")
 
+if os.environ.get("STOPGRAD_MUTANT"):  # make test-mutants: one deliberately broken variant (tests/mutants.py)
+    import mutants
+
+    mutants.apply(os.environ["STOPGRAD_MUTANT"])
+
 
 @pytest.fixture(params=MODES)
 def mode(request) -> str:

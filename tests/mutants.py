@@ -1,0 +1,136 @@
+"""Deliberately broken variants of the library, each of which the suite must catch.
+
+A test suite is only as good as the broken code it fails on. Each mutant
+below replaces one function with a broken variant (in the test process
+only: ``conftest.py`` applies the one named by ``STOPGRAD_MUTANT``), and
+names the tests that must fail on it. ``make test-mutants`` (run by CI)
+runs those tests once per mutant and fails if any mutant survives:
+
+    python tests/mutants.py            every mutant
+    python tests/mutants.py NAME ...   those named
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    module: str  # where the function lives, as the tests reach it
+    name: str
+    broken: Callable[[Callable[..., Any]], Callable[..., Any]]  # the original → its broken variant
+    caught_by: tuple[str, ...]  # pytest node ids or files that must fail
+
+
+def _refuses(original):
+    def refuses(*args, **kwargs):
+        raise ValueError(f"{original.__name__} refuses x.")
+    return refuses
+
+
+def _raw_kernel_error(original):
+    def raw(*args, **kwargs):
+        if len(args) != 3:  # the decorator form stays as it is
+            return original(*args, **kwargs)
+        return tf.zeros([2]) + tf.zeros([3])  # TensorFlow's own Incompatible shapes, not the library's error
+    return raw
+
+
+def _gradient_times_1_005(original):
+    def scaled(x, scale, *args, **kwargs):
+        return original(original(x, scale, *args, **kwargs), 1.005)  # right value, and every refusal kept
+    return scaled
+
+
+def _drops_the_sign_of_negative_zero(original):
+    def plus_zero(*args, **kwargs):
+        result = original(*args, **kwargs)
+        return result + tf.zeros([], result.dtype) if len(args) == 3 else result  # −0.0 + 0.0 is +0.0
+    return plus_zero
+
+
+def _plain_autodiff(original):
+    def autodiff(*args, **kwargs):
+        if len(args) == 3:
+            return tf.convert_to_tensor(args[0])  # fx itself: its own autodiff gradient, gx dropped
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            f = args[0]
+            return lambda *a, **k: f(*a, **k)[0]  # y itself: grad_fn dropped
+        return original(*args, **kwargs)
+    return autodiff
+
+
+def _always_passes(original):
+    def passes(*args, **kwargs):
+        report = original(*args, **kwargs)
+        rows = tuple(dataclasses.replace(row, passed=True) for row in report.rows)
+        return dataclasses.replace(report, rows=rows)
+    return passes
+
+
+def _never_guards(original):
+    return lambda arguments: False
+
+
+_SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
+MUTANTS = {
+    "scale_gradient refuses every call": Mutant(
+        "stopgrad_math", "scale_gradient", _refuses, (f"{_SWEEP}[scale_gradient-eager]",)),
+    "custom_gradient raises a raw kernel error": Mutant(
+        "stopgrad_math", "custom_gradient", _raw_kernel_error, (f"{_SWEEP}[custom_gradient-eager]",)),
+    "scale_gradient's gradient 1.005 times too large": Mutant(
+        "stopgrad_math", "scale_gradient", _gradient_times_1_005, (f"{_SWEEP}[scale_gradient-eager]",)),
+    "custom_gradient drops the sign of −0.0": Mutant(
+        "stopgrad_math", "custom_gradient", _drops_the_sign_of_negative_zero, (f"{_SWEEP}[custom_gradient-eager]",)),
+    "custom_gradient is plain autodiff": Mutant(
+        "stopgrad_math", "custom_gradient", _plain_autodiff,
+        ("tests/test_identity_form.py", "tests/test_decorator_form.py")),
+    "check_gradient passes everything": Mutant(
+        "stopgrad_math", "check_gradient", _always_passes,
+        ("tests/test_bad_inputs.py::test_check_gradient_never_passes_a_wrong_gradient_or_nothing",
+         "tests/test_check_suite.py")),
+    "the order-1 decorator never guards second derivatives": Mutant(
+        "stopgrad_math.second_derivative_guard", "needed", _never_guards,
+        ("tests/test_second_derivative_guard.py",)),
+}
+
+ENVIRONMENT = "STOPGRAD_MUTANT"
+
+
+def apply(name: str) -> None:
+    """Replaces the function with the named mutant (conftest.py calls this before any test module imports)."""
+    mutant = MUTANTS[name]
+    module = importlib.import_module(mutant.module)
+    setattr(module, mutant.name, mutant.broken(getattr(module, mutant.name)))
+
+
+def _survives(name: str) -> bool:
+    """Runs the tests that must catch the mutant; True where they all pass (the mutant survived)."""
+    environment = {**os.environ, ENVIRONMENT: name}
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *MUTANTS[name].caught_by]
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
+    if result.returncode not in (0, 1):  # 1: tests failed; anything else is a broken run, not a catch
+        raise RuntimeError(f"the run for mutant {name!r} did not complete:\n{result.stdout[-3000:]}")
+    return result.returncode == 0
+
+
+def main(names: list[str]) -> int:
+    survivors = []
+    for name in names or list(MUTANTS):
+        survived = _survives(name)
+        print(f"{'SURVIVED' if survived else 'caught':>8}  {name}  ({', '.join(MUTANTS[name].caught_by)})")
+        survivors += [name] if survived else []
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
