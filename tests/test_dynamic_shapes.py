@@ -283,6 +283,19 @@ HELPERS = {
 }  # fmt: skip
 
 
+# name: the value from the helper's definition, in NumPy (never the library's own eager output)
+VALUES = {
+    "straight_through": lambda b, f: f,
+    "stop_gradient_where": lambda x, m: x,
+    "scale_gradient": lambda x, s: x,
+    "reverse_gradient": lambda x, s: x,
+    "magic_box": lambda t: np.ones_like(t),
+    "zero_with_gradient": lambda x: np.zeros_like(x),  # +0.0, also at x = −0.0
+    "partial_custom_gradient": lambda x, y: x * y,
+    "stop_gradient": lambda x: x + x,
+}
+
+
 def helper_value_and_vjp(helper, first, *rest):
     with tf.GradientTape() as tape:
         tape.watch(first)
@@ -316,11 +329,10 @@ def helper_in_every_mode(helper, arguments):
 @pytest.mark.parametrize("name", sorted(HELPERS))
 def test_helpers_under_unknown_shapes_in_every_mode(name):
     helper, arguments, derivative, _, _ = HELPERS[name]
-    eager_value = None
+    want = VALUES[name](*arguments)
     for mode, run in helper_in_every_mode(helper, arguments).items():
         value, grad, upstream = (np.asarray(r) for r in run())
-        eager_value = value if eager_value is None else eager_value
-        np.testing.assert_array_equal(bits(value), bits(eager_value), err_msg=mode)
+        np.testing.assert_array_equal(bits(value), bits(np.asarray(want, value.dtype)), err_msg=mode)
         np.testing.assert_allclose(grad, derivative(upstream, *arguments), rtol=1e-6, err_msg=mode)
 
 

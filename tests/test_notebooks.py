@@ -5,6 +5,7 @@ running them is a test of what they claim.
 """
 
 import pathlib
+import re
 import time
 
 import nbformat
@@ -18,6 +19,17 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.
 def test_the_notebooks_are_there():
     assert {p.name for p in NOTEBOOKS} >= {"log1pexp.ipynb", "known_gradients_in_tfp.ipynb", "estimators.ipynb",
                                            "log1pexp_on_jax.ipynb"}
+
+
+PLOTS = re.compile(r"\b(plt|axes\[\d\]|ax)\.(plot|semilogx|semilogy|loglog|hist|errorbar|scatter|bar)\(")
+
+
+def test_every_cell_that_plots_checks_what_it_plots():
+    """The README's claim: a cell that draws numbers also asserts them, so a plot is never the only check."""
+    unchecked = [f"{path.name} cell {i}" for path in NOTEBOOKS
+                 for i, cell in enumerate(nbformat.read(path, as_version=4).cells)
+                 if cell.cell_type == "code" and PLOTS.search(cell.source) and "assert" not in cell.source]
+    assert unchecked == []
 
 
 def _runnable(path):
