@@ -323,8 +323,9 @@ def _dot_product_test(plan: _Plan, probe: _Probe) -> None:
     dtype = plan.outputs.components[plan.outputs.differentiable[0]].tensor.dtype
     if any(np.any(np.asarray(u) != 0) for u in unconnected):
         raise _Untransposable("grad_fn computes part of its result where no tape records it")
-    if transposition.dot_product_mismatch(pairs_t, pairs_d, dtype):
-        raise _Untransposable("the tape sees only part of it (a dot-product test of the transpose fails)")
+    mismatch = transposition.dot_product_mismatch(pairs_t, pairs_d, dtype)
+    if mismatch is not None:
+        raise _Untransposable(mismatch)
 
 
 def _transposed(probe: _Probe, gradients: list[Gradient], vectors: list[tf.Tensor]) -> list[Any]:

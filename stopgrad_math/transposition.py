@@ -308,16 +308,20 @@ def _real_inner_product(a: tf.Tensor, b: tf.Tensor) -> tuple[float, float]:
 
 
 def dot_product_mismatch(transposed: Sequence[tuple[tf.Tensor, tf.Tensor]],
-                         direct: Sequence[tuple[tf.Tensor, tf.Tensor]], dtype: tf.DType) -> bool:
-    """Whether Σ⟨T(a), b⟩ (``transposed``: pairs (T(a), b)) and Σ⟨a, grad_fn(b)⟩ (``direct``: pairs
-    (a, grad_fn(b))) differ by more than rounding; never where either is not finite.
+                         direct: Sequence[tuple[tf.Tensor, tf.Tensor]], dtype: tf.DType) -> str | None:
+    """Why Σ⟨T(a), b⟩ (``transposed``: pairs (T(a), b)) and Σ⟨a, grad_fn(b)⟩ (``direct``: pairs
+    (a, grad_fn(b))) cannot be taken for equal, or None where they agree to rounding.
 
-    The numerical fallback where grad_fn cannot be traced: a sample, not a proof.
+    The numerical fallback where grad_fn cannot be traced: a sample, not a proof. A sum that is not finite (an
+    infinite derivative in grad_fn) compares nothing, so it is a reason too: the transpose is never trusted
+    unchecked.
     """
     sums = [np.sum([_real_inner_product(p, q) for p, q in pairs], axis=0) if pairs else np.zeros(2)
             for pairs in (transposed, direct)]
     (left, left_scale), (right, right_scale) = sums
     if not np.all(np.isfinite([left, right, left_scale, right_scale])):
-        return False
+        return "its values are not finite at the sample, so a dot-product test of the transpose compares nothing"
     tolerance = tolerances.rtol(dtype, "transpose")
-    return bool(abs(left - right) > tolerance * max(left_scale, right_scale, np.finfo(np.float64).tiny))
+    if abs(left - right) > tolerance * max(left_scale, right_scale, np.finfo(np.float64).tiny):
+        return "the tape sees only part of it (a dot-product test of the transpose fails)"
+    return None

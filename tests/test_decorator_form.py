@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import MODES, in_mode, jvp, vjp
+from helpers import MODES, bits, in_mode, jvp, vjp
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -1042,3 +1042,49 @@ def test_integer_tensor_arguments_are_keyed_by_shape_for_the_eager_checks():
         want = tf.tensor_scatter_nd_add(tf.zeros([6, 2]), tf.constant(ids)[:, None], tf.ones([3, 2]))
         np.testing.assert_array_equal(tape.gradient(y, table), want)
     assert len(upstreams) == 3  # zeros at each call, and the random upstream once
+
+
+# ---------------------------------------------------------------- claims held by their own tests
+
+
+@custom_gradient
+def scaled_pair(x):
+    """Two structured outputs of an elementwise map: y = {"a": x·c, "b": (2x,)}; the gradient is the true one."""
+    c = tf.constant([1.0, -1.0, 0.0, 2.0, 1.0])
+    return {"a": x * c, "b": (2.0 * x,)}, lambda dy: dy["a"] * c + 2.0 * dy["b"][0]
+
+
+AWKWARD_X = tf.constant([-0.0, np.inf, np.nan, 3.0, -np.inf])
+
+
+@pytest.mark.parametrize("mode", [*MODES, "tf1"])
+def test_the_value_is_f_s_bit_for_bit_under_a_tape(mode):
+    """−0.0, inf and NaN in y (and 0·inf, a NaN): assert_array_equal would take −0.0 for +0.0; bits do not."""
+    want = scaled_pair.undecorated(AWKWARD_X)[0]
+
+    def value(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            return scaled_pair(x)
+
+    if mode == "tf1":
+        with tf.Graph().as_default():
+            got = tf.compat.v1.Session().run(value(tf.constant(AWKWARD_X.numpy())))
+    else:
+        got = in_mode(value, mode)(AWKWARD_X)
+    for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want), strict=True):
+        np.testing.assert_array_equal(bits(np.asarray(g)), bits(w.numpy()))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_forward_mode_of_several_structured_outputs_is_the_jacobian_times_the_tangent(mode):
+    x, tangent = tf.constant([0.5, -1.0, 2.0, 3.0, -0.5]), tf.constant([1.0, 2.0, -1.0, 0.5, 3.0])
+
+    def jvps(x, tangent):
+        with tf.autodiff.ForwardAccumulator(x, tangent) as accumulator:
+            y = scaled_pair(x)
+        return accumulator.jvp(y)
+
+    got = in_mode(jvps, mode)(x, tangent)
+    np.testing.assert_allclose(got["a"], tangent.numpy() * [1.0, -1.0, 0.0, 2.0, 1.0])  # J = diag(c), by hand
+    np.testing.assert_allclose(got["b"][0], 2.0 * tangent.numpy())

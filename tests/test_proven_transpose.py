@@ -257,3 +257,32 @@ def test_the_readme_decorator_example_under_tf_function_draws_no_autograph_warni
     assert "AutoGraph" not in result.stderr and "Please report this" not in result.stderr, result.stderr
     np.testing.assert_allclose(np.array(result.stdout.strip(" []\n").split(), float),
                                tf.math.sigmoid([-1.0, 0.0, 2.0]), rtol=1e-6)
+
+
+def _untraceable_with_an_infinite_derivative(x):
+    """J = diag(1, inf, 2, ...): grad_fn reads a value in Python (no trace), so only the numerical fallback is
+    left, and its dot-product test meets the inf."""
+    slope = tf.concat([[1.0, np.inf], tf.fill([tf.size(x) - 2], 2.0)], 0)
+
+    def grad_fn(dy):
+        assert bool(tf.reduce_all(tf.math.is_finite(dy)))  # a Python bool: fails while tracing
+        return dy * slope
+
+    return x, grad_fn
+
+
+def test_an_infinite_transpose_is_not_trusted_unit_upstreams_give_nan_at_that_element():
+    """The dot-product test cannot judge an infinite transpose (it used to pass it): for a small y, J is built
+    from grad_fn on unit upstreams, which gives tf.custom_gradient's gradient where it is finite, and NaN at the
+    infinite element (the documented limit: inf times the zeros of J beside it)."""
+    x, upstream = tf.constant([0.5, 1.0, -2.0]), tf.constant([1.0, 2.0, -1.0])
+    got = vjp(custom_gradient(_untraceable_with_an_infinite_derivative), x, upstream)
+    want = vjp(tf.custom_gradient(_untraceable_with_an_infinite_derivative), x, upstream)
+    np.testing.assert_array_equal(want, [1.0, np.inf, -2.0])
+    np.testing.assert_array_equal(got, [1.0, np.nan, -2.0])
+
+
+def test_an_infinite_transpose_of_a_larger_y_is_refused_saying_why():
+    x = tf.range(17, dtype=tf.float32)
+    with pytest.raises(ValueError, match="not finite at the sample"):
+        vjp(custom_gradient(_untraceable_with_an_infinite_derivative), x)
