@@ -88,7 +88,10 @@ def reverse_gradient(x: Any, scale: Any = 1.0) -> Any:
 def _negated(scale: Any) -> Any:
     """−scale; numbers negated as they are, so that 0.1 stays 0.1 in x's dtype (not float32's 0.1 cast up)."""
     if tf.is_tensor(scale) or isinstance(scale, tf.Variable):
-        return -identity.to_tensor(scale, "reverse_gradient's scale")
+        tensor = identity.to_tensor(scale, "reverse_gradient's scale")
+        if tensor.dtype == tf.bool or not (tensor.dtype.is_floating or tensor.dtype.is_integer):
+            raise TypeError(f"reverse_gradient's scale must be a tensor of numbers; got {tensor.dtype.name}.")
+        return -tensor
     if isinstance(scale, (int, float)) and not isinstance(scale, bool):
         return -scale  # a Python number stays one, converted to x's dtype directly
     try:

@@ -18,6 +18,7 @@ a reshape that XLA refuses while compiling (``require``).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -98,13 +99,18 @@ def require(fits: tf.Tensor, value: tf.Tensor, message: Sequence[object]) -> tf.
     reshape's element count while compiling; so the value passes through a
     reshape to its own shape, or, where the check fails, to one with more
     elements, and under XLA the misfit stops compilation with
-    InvalidArgumentError at the op named ``shape_check_failed``.
+    InvalidArgumentError at the op named ``shape_check_failed_`` followed by
+    the message's words (``..._scale_of_shape_does_not_broadcast_to_x_of_shape``).
     """
     check = tf.debugging.Assert(fits, list(message), summarize=16)
+    # XLA's error shows no message, only the op's name: the name says which arguments misfit (not the shapes,
+    # which are known only as the graph runs).
+    words = re.sub(r"[^A-Za-z0-9]+", "_", " ".join(part for part in message if isinstance(part, str))).strip("_")
     with tf.control_dependencies([check]):
         shape = tf.shape(value)
         more = tf.fill([tf.cast(tf.logical_not(fits), tf.int32)], 2)  # [2] where it fails: scalars grow too
-        checked = tf.reshape(value, tf.concat([tf.where(fits, shape, shape + 1), more], 0), name="shape_check_failed")
+        checked = tf.reshape(value, tf.concat([tf.where(fits, shape, shape + 1), more], 0),
+                             name=f"shape_check_failed_{words}" if words else "shape_check_failed")
     checked.set_shape(value.shape)
     return checked
 
