@@ -90,7 +90,8 @@ MUTANTS = {
     "scale_gradient's gradient 1.005 times too large": Mutant(
         "stopgrad_math", "scale_gradient", _gradient_times_1_005, (f"{_SWEEP}[scale_gradient-eager]",)),
     "custom_gradient drops the sign of −0.0": Mutant(
-        "stopgrad_math", "custom_gradient", _drops_the_sign_of_negative_zero, (f"{_SWEEP}[custom_gradient-eager]",)),
+        "stopgrad_math", "custom_gradient", _drops_the_sign_of_negative_zero,
+        ("tests/test_identity_form.py::test_value_is_fx_bit_for_bit_whatever_gx_and_x_hold",)),
     "custom_gradient is plain autodiff": Mutant(
         "stopgrad_math", "custom_gradient", _plain_autodiff,
         ("tests/test_identity_form.py", "tests/test_decorator_form.py")),
