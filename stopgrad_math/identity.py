@@ -159,7 +159,8 @@ def cast(x: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     return x if same else tf.raw_ops.Cast(x=x, DstT=dtype)
 
 
-def _is_finite(x: tf.Tensor) -> tf.Tensor:
+def is_finite(x: tf.Tensor) -> tf.Tensor:
+    """Elementwise: not inf or NaN (a complex element: neither part)."""
     if is_complex(x.dtype):
         return tf.math.is_finite(tf.math.real(x)) & tf.math.is_finite(tf.math.imag(x))
     return tf.raw_ops.IsFinite(x=x)
@@ -192,7 +193,7 @@ def zero_with_slope(x: tf.Tensor, slope_is_negative: bool, stopped: tf.Tensor | 
     # gradient at a non-finite element, so there the value wins. multiply_no_nan
     # by a 1/0 mask is that select: its gradient is one op, where tf.where's
     # computes both branches and reduces the unused one (11 ops in eager).
-    finite = tf.raw_ops.Cast(x=_is_finite(still), DstT=x.dtype)  # real 1/0: no conjugation to get wrong
+    finite = tf.raw_ops.Cast(x=is_finite(still), DstT=x.dtype)  # real 1/0: no conjugation to get wrong
     return multiply_no_nan(zero, finite)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import tolerances
+from stopgrad_math import identity, tolerances
 
 _NOT_LINEAR = (
     "a custom gradient must be linear in the upstream gradient (clipping or normalizing "
@@ -41,12 +41,6 @@ def random_like(t: tf.Tensor, seed: list[int]) -> tf.Tensor:
     return tf.complex(draw, tf.random.stateless_normal(tf.shape(t), [seed[0], seed[1] + 7], dtype=part))
 
 
-def _is_finite(t: tf.Tensor) -> tf.Tensor:
-    if t.dtype.is_complex:
-        return tf.math.is_finite(tf.math.real(t)) & tf.math.is_finite(tf.math.imag(t))
-    return tf.math.is_finite(t)
-
-
 def check_superposition(
     call: Callable[[dict[int, tf.Tensor]], list[tf.Tensor]], upstreams: dict[int, tf.Tensor], seed: int = 0
 ) -> None:
@@ -63,7 +57,7 @@ def check_superposition(
     for lhs, g1, g2 in zip(call(mixed), call(d1), call(d2), strict=True):
         rhs = a * g1 + g2
         # An infinite derivative makes both sides ±inf or NaN there (inf − inf): compare where both are finite.
-        finite = _is_finite(lhs) & _is_finite(rhs)
+        finite = identity.is_finite(lhs) & identity.is_finite(rhs)
         lhs, rhs = tf.where(finite, lhs, tf.zeros_like(lhs)), tf.where(finite, rhs, tf.zeros_like(rhs))
         rtol = tolerances.rtol(lhs.dtype, "superposition")
         scale = tf.reduce_max(tf.abs(tf.concat([tf.reshape(rhs, [-1]), tf.zeros([1], rhs.dtype)], 0)))
