@@ -28,6 +28,17 @@ def vjp(fn, x, upstream=None):
     return tape.gradient(y, x, output_gradients=upstream)
 
 
+def gradient_and_second(fn, x):
+    """d/dx Σ fn(x) by a tape, and the derivative of that gradient's sum by a tape around it."""
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            y = tf.reduce_sum(fn(x))
+        gradient = inner.gradient(y, x)
+    return gradient, outer.gradient(gradient, x)
+
+
 def jvp(fn, x, tangent):
     """The forward-mode derivative of fn at x along tangent."""
     with tf.autodiff.ForwardAccumulator(x, tangent) as acc:

@@ -9,7 +9,7 @@ missing: tested below as that limit, against the truth, never as the answer.
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import MODES, bits, in_mode
+from helpers import MODES, bits, gradient_and_second, in_mode
 
 from stopgrad_math import custom_gradient
 
@@ -37,16 +37,7 @@ def _truth(x):
 
 def _nested_tapes(f, around=tf.exp):
     """d²/dx² Σ around(f(x)) by a tape over a tape."""
-    def run(x):
-        with tf.GradientTape() as outer:
-            outer.watch(x)
-            with tf.GradientTape() as inner:
-                inner.watch(x)
-                y = tf.reduce_sum(around(f(x)))
-            first = inner.gradient(y, x)
-        return outer.gradient(first, x)
-
-    return run
+    return lambda x: gradient_and_second(lambda t: around(f(t)), x)[1]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -108,14 +99,8 @@ def test_the_limit_where_no_tape_watches_while_f_runs_misses_the_term_through_j(
                     y = tf.reduce_sum(tf.exp(f(X)))
                 first = tape.gradient(y, X)
             return accumulator.jvp(first).numpy()
-        once = tf.function(lambda x: tf.reduce_sum(tf.exp(f(x))))
-        with tf.GradientTape() as outer:
-            outer.watch(X)
-            with tf.GradientTape() as inner:
-                inner.watch(X)
-                y = once(X)
-            first = inner.gradient(y, X)
-        return outer.gradient(first, X).numpy()
+        once = tf.function(lambda x: tf.exp(f(x)))  # traced with no tape watching x
+        return _nested_tapes(once, around=tf.identity)(X).numpy()
 
     x = X.numpy().astype(np.float64)
     np.testing.assert_allclose(second_derivative(tf.custom_gradient), _truth(x), rtol=1e-5)
