@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from stopgrad_math import identity, shape_checks, value_only_mode
-from stopgrad_math.identity_form import scaled_identity
+from stopgrad_math.identity_form import numeric_scale, scaled_identity
 
 
 def straight_through(forward: Any, backward: Any) -> tf.Tensor:
@@ -88,10 +88,7 @@ def reverse_gradient(x: Any, scale: Any = 1.0) -> Any:
 def _negated(scale: Any) -> Any:
     """−scale; numbers negated as they are, so that 0.1 stays 0.1 in x's dtype (not float32's 0.1 cast up)."""
     if tf.is_tensor(scale) or isinstance(scale, tf.Variable):
-        tensor = identity.to_tensor(scale, "reverse_gradient's scale")
-        if tensor.dtype == tf.bool or not (tensor.dtype.is_floating or tensor.dtype.is_integer):
-            raise TypeError(f"reverse_gradient's scale must be a tensor of numbers; got {tensor.dtype.name}.")
-        return -tensor
+        return -numeric_scale(identity.to_tensor(scale, "reverse_gradient's scale"), "reverse_gradient")
     if isinstance(scale, (int, float)) and not isinstance(scale, bool):
         return -scale  # a Python number stays one, converted to x's dtype directly
     try:

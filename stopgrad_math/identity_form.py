@@ -147,15 +147,20 @@ def _planned(fx: tf.Tensor, label: str, g: Any, x: Any) -> _Planned:
     return label, gradient_layout.candidates(label, shape(fx), shape(x), shape(g)), g, x
 
 
+def numeric_scale(scale: tf.Tensor | tf.Variable, function: str) -> tf.Tensor | tf.Variable:
+    """``scale`` where it is floating or integer; TypeError naming ``function``'s scale otherwise."""
+    if not (identity.is_floating(scale.dtype) or scale.dtype.is_integer):
+        raise TypeError(f"{function}'s scale must be a floating or integer tensor; got {scale.dtype.name}.")
+    return scale
+
+
 def scaled_identity(x: tf.Tensor | tf.Variable, scale: Any) -> tf.Tensor:
     """Value x exactly, derivative ``scale`` broadcast against x (never read as a Jacobian).
 
     scale may be floating or integer (an integer scale is exact in x's dtype).
     """
     x = identity.inexact_tensor(x, "scale_gradient's x")
-    scale = _tensor_like(scale, "scale", dtype_hint=x.dtype)
-    if not (identity.is_floating(scale.dtype) or scale.dtype.is_integer):
-        raise TypeError(f"scale_gradient's scale must be a floating or integer tensor; got {scale.dtype.name}.")
+    scale = numeric_scale(_tensor_like(scale, "scale", dtype_hint=x.dtype), "scale_gradient")
     scale = shape_checks.broadcast_checked(scale, x, "scale", "x")
     if identity.nothing_records():
         return x

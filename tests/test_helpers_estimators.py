@@ -168,6 +168,14 @@ def test_scale_and_reverse_gradient(mode, x, scale):
     np.testing.assert_array_equal(reversed_tangent, np.where(finite, -2.0 * scale, 0.0))
 
 
+@pytest.mark.parametrize("scale", [tf.constant(True), tf.constant("text"), tf.constant(1j)])
+def test_a_tensor_scale_that_is_no_real_number_is_refused_naming_the_function(scale):
+    """reverse_gradient negated a bool tensor scale first: TensorFlow's raw kernel error, naming nothing."""
+    for function in (scale_gradient, reverse_gradient):
+        with pytest.raises(TypeError, match=rf"{function.__name__}'s scale must be a floating or integer tensor"):
+            function(tf.constant([1.0, 2.0]), scale)
+
+
 def test_scale_gradient_with_a_variable_schedule_broadcast_per_row(mode):
     schedule = tf.Variable([[1.0], [0.5]])
     x = tf.ones([2, 3])
