@@ -79,3 +79,12 @@ def test_the_wheel_builds_without_warnings_and_works_installed(tmp_path):
                               env=env, timeout=300)
     assert imported.returncode == 0, imported.stderr[-2000:]
     assert int(imported.stdout) == len(__import__("stopgrad_math").__all__)
+
+
+def test_the_jax_namespace_has_the_tensorflow_namespaces_names():
+    """Both __all__ lists are written out (the API reference reads them statically): this keeps them in step.
+    values_only() is TensorFlow's alone (JAX has no tape to switch off: the README)."""
+    import stopgrad_math
+    import stopgrad_math.jax
+
+    assert set(stopgrad_math.jax.__all__) == set(stopgrad_math.__all__) - {"values_only"}
