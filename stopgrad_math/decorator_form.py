@@ -29,7 +29,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import inspect
 import numbers
 import re
 from collections.abc import Callable, Hashable, Iterator
@@ -50,6 +49,7 @@ from stopgrad_math import (
     transposition,
     value_only_mode,
 )
+from stopgrad_math import arguments as arguments_of
 from stopgrad_math.grad_fn_conventions import Gradient
 from stopgrad_math.gradient_components import Component, Flattened
 
@@ -61,17 +61,6 @@ def _call_f(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
         raise TypeError(f"{getattr(f, '__name__', f)} must return a pair (y, grad_fn); got {type(result).__name__}.")
     return result[0], _tf_internal.converted(result[1])
-
-
-def _positional(
-    f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Keyword arguments are constants, unless every argument is a keyword: then
-    those that name positional parameters are f's differentiable arguments."""
-    if args or not kwargs:
-        return args, kwargs
-    bound = inspect.signature(f).bind(**kwargs)
-    return bound.args, bound.kwargs
 
 
 def _stopped(flat: Flattened) -> Any:
@@ -153,7 +142,7 @@ def _outputs(y: Any) -> Flattened:
 
 
 def _evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int) -> _Plan:
-    args, kwargs = _positional(f, args, kwargs)
+    args, kwargs = arguments_of.positional(f, args, kwargs)
     arguments = Flattened.of(list(args), "args")
     kwargs = _constants(kwargs)
     stopped = {i: arguments.components[i].stopped for i in arguments.differentiable}
@@ -506,7 +495,7 @@ def _guard_second_derivatives(plan: _Plan, terms: dict[int, list[tf.Tensor]]) ->
 
 def _value_alone(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """values_only(): f's y, not differentiable w.r.t. the arguments or the variables f reads; no grad_fn call."""
-    args, kwargs = _positional(f, args, kwargs)
+    args, kwargs = arguments_of.positional(f, args, kwargs)
     arguments = Flattened.of(list(args), "args")
     with _tf_internal.VariableWatcher() as watcher:
         y = _call_f(f, args, kwargs)[0]

@@ -7,7 +7,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math import _tf_internal, decorator_form, gradient_layout, identity, shape_checks, value_only_mode
+from stopgrad_math import (
+    _tf_internal,
+    arguments,
+    decorator_form,
+    gradient_layout,
+    identity,
+    shape_checks,
+    value_only_mode,
+)
 
 # (label, layout choice, gx, x) for one argument; gx and x are tensors or variables.
 _Planned = tuple[str, gradient_layout.Choice, Any, Any]
@@ -28,16 +36,6 @@ def _require_inexact(dtype: tf.DType, what: str, fx_dtype: tf.DType, label: str 
         raise TypeError(
             f"custom_gradient got a complex {what} for a real fx ({fx_dtype.name}): a complex derivative "
             "needs a complex fx."
-        )
-
-
-def _require_both(gx: Any, x: Any) -> None:
-    if x is None or gx is None:
-        raise TypeError(
-            "custom_gradient takes a function, as @custom_gradient or custom_gradient(f) (the decorator form), "
-            "or fx, gx and x, as custom_gradient(fx, gx, x) (the identity form); got fx "
-            f"{'without gx and x' if x is None and gx is None else 'without gx' if gx is None else 'without x'}. "
-            "For a value with no gradient at all, use stop_gradient(fx)."
         )
 
 
@@ -123,7 +121,7 @@ def custom_gradient(
             return decorator_form.decorate(fx, order=order, check_linearity=check_linearity)
     if order != 1 or check_linearity:
         raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
-    _require_both(gx, x)
+    arguments.require_gx_and_x(gx, x)
     with identity.name_scope(name or "custom_gradient"):
         fx = _tensor_like(fx, "fx")
         fx = fx if isinstance(fx, tf.Tensor) else tf.convert_to_tensor(fx, name="fx")

@@ -164,9 +164,11 @@ def test_gx_of_another_structure_is_a_value_error():
         sgm.custom_gradient(jnp.ones(2), {"a": jnp.ones(2)}, {"b": jnp.ones(2)})
 
 
-def test_the_decorator_form_is_refused_clearly_until_it_exists():
-    with pytest.raises(TypeError, match="decorator form is not yet on JAX"):
-        sgm.custom_gradient(lambda x: (x, lambda dy: dy))
+def test_fx_without_gx_and_x_is_a_type_error_naming_both_forms():
+    with pytest.raises(TypeError, match="without gx and x.*stop_gradient"):
+        sgm.custom_gradient(jnp.ones(2))
+    with pytest.raises(TypeError, match="without x"):
+        sgm.custom_gradient(jnp.ones(2), jnp.ones(2))
 
 
 def test_sharded_arrays_over_two_host_devices():

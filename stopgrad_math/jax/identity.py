@@ -76,6 +76,18 @@ def zero_with_slope(x: jax.Array, slope_is_negative: bool) -> jax.Array:
     return jnp.where(jnp.isfinite(still), zero, jnp.zeros((), x.dtype))
 
 
+def zero_with_derivative_of(a: jax.Array) -> jax.Array:
+    """+0.0 with a's derivative: a − stop(a) where a is finite.
+
+    Where a is inf or NaN, a − stop(a) is NaN; the value is still +0.0 there
+    and the derivative NaN (multiply_no_nan by a 1/0 mask, whose tangent
+    keeps ``(a − stop(a))·0``), so a derivative lost to an inf or NaN is NaN,
+    never a silent zero.
+    """
+    finite = jnp.isfinite(stop(a)).astype(a.dtype)
+    return multiply_no_nan(a - stop(a), finite)
+
+
 def zero_with_gradient(x: Any) -> jax.Array:
     """Returns u = x − stop(x): exactly +0.0 in value, derivative 1 w.r.t. x.
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from stopgrad_math import layouts
-from stopgrad_math.jax import identity
+from stopgrad_math import arguments, layouts
+from stopgrad_math.jax import decorator_form, identity
 from stopgrad_math.layouts import Layout
 
 
@@ -47,24 +48,45 @@ def _term(layout: Layout, fx: jax.Array, x: jax.Array, g: jax.Array) -> jax.Arra
     return total / max(identity.size(fx.shape), 1)  # tfp's rule spreads the sum over fx (an empty fx: no division)
 
 
-def custom_gradient(fx: Any, gx: Any = None, x: Any = None, fx_gx_manually_stopped: bool = False,
-                    name: str | None = None) -> jax.Array:
-    """Returns an array with the value of ``fx`` and the derivative ``gx`` with respect to ``x``.
+def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manually_stopped: bool = False,
+                    name: str | None = None, *, order: int = 1,
+                    check_linearity: bool = False) -> jax.Array | Callable[..., Any]:
+    """Embeds a known gradient: ``custom_gradient(fx, gx, x)`` or ``@custom_gradient``.
+
+    **Identity form**, tfp's signature: an array with the value of ``fx``
+    bit for bit (−0.0, inf and NaN included) and the derivative ``gx`` with
+    respect to ``x`` (an array or a pytree; ``gx`` has its structure, None:
+    no gradient for that leaf), under every transform:
 
         h = stop(fx) − Σ multiply_no_nan(stop(gx), stop(x) − x)
 
-    The value is fx bit for bit (−0.0, inf and NaN included), under every
-    transform (``grad``, ``jvp``, ``jacfwd``, ``jacrev``, ``hessian``, ``vmap``,
-    ``jit``). ``x`` is an array or a pytree of them, ``gx`` a pytree of x's
-    structure (None: no gradient for that leaf), read from its shape as on
-    TensorFlow: ``fx.shape + x.shape`` is the Jacobian; a gx that broadcasts
-    with x to ``fx.shape`` is elementwise; for a one-element fx it is the
-    gradient; otherwise, as in tfp, the gradient of ``sum(fx)``. Complex
-    values follow JAX's convention (the JVP is gx·tangent). An infinite gx
-    gives an infinite derivative; an inf or NaN element of x keeps the value
-    and gets no derivative. ``name`` is accepted for tfp's signature.
+    gx is read from its shape as on TensorFlow: ``fx.shape + x.shape`` is the
+    Jacobian; a gx that broadcasts with x to ``fx.shape`` is elementwise; for
+    a one-element fx it is the gradient; otherwise, as in tfp, the gradient
+    of ``sum(fx)``. Complex values follow JAX's convention (the JVP is
+    gx·tangent). An infinite gx gives an infinite derivative; an inf or NaN
+    element of x keeps the value and gets no derivative.
 
-    The decorator form of ``stopgrad_math.custom_gradient`` is not yet on JAX.
+    **Decorator form**, a drop-in for ``jax.custom_gradient``: ``f(*args)``
+    returns ``(y, vjp)``; the decorated f has the value y bit for bit and the
+    VJP's derivative under ``grad``, ``vjp``, ``jvp``, ``jacfwd``, ``jacrev``,
+    ``vmap`` and ``jit`` (``jax.custom_vjp`` has no forward mode). vjp must
+    be linear in its cotangent, which is proven from its jaxpr (a ValueError
+    names any other primitive); ``order=2`` makes second derivatives exact.
+
+    Every argument, error and limit: [custom_gradient in full](custom_gradient.md).
+
+    Args:
+      fx: the value f(x); or, alone, the function to decorate.
+      gx: the derivative of f at x (None: no gradient for that leaf).
+      x: what the derivative is with respect to.
+      fx_gx_manually_stopped: fx and gx are used as given, unstopped.
+      name: accepted for tfp's signature (JAX keeps no op names).
+      order: decorator form: 2 for exact second derivatives.
+      check_linearity: decorator form: accepted; on JAX linearity is always proven.
+
+    Returns:
+      fx with derivative gx; or the decorated function.
 
     Examples:
         log(1 + exp(x)) with its exact derivative at x = 100, in forward mode.
@@ -72,12 +94,23 @@ def custom_gradient(fx: Any, gx: Any = None, x: Any = None, fx_gx_manually_stopp
         >>> f = lambda x: custom_gradient(jnp.logaddexp(x, 0.0), jax.nn.sigmoid(x), x)
         >>> jax.jvp(f, (jnp.array([0.0, 100.0]),), (jnp.ones(2),))[1]
         Array([0.5, 1. ], dtype=float32)
+        >>> @custom_gradient
+        ... def log1pexp(x):
+        ...   e = jnp.exp(x)
+        ...   return jnp.log1p(e), lambda ct: ct * (1 - 1 / (1 + e))
+        >>> float(jax.jvp(log1pexp, (100.0,), (1.0,))[1])   # jax.custom_gradient raises here
+        1.0
     """
     del name  # JAX keeps no op names
     if gx is None and x is None:
-        raise TypeError("stopgrad_math.jax.custom_gradient takes (fx, gx, x); its decorator form is not yet on JAX.")
-    if (gx is None) != (x is None):
-        raise TypeError("custom_gradient needs both gx and x, or neither.")
+        if fx is None:
+            decorator_form.check_options(order, check_linearity)
+            return lambda f: decorator_form.decorate(f, order=order, check_linearity=check_linearity)
+        if callable(fx):
+            return decorator_form.decorate(fx, order=order, check_linearity=check_linearity)
+    if order != 1 or check_linearity:
+        raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
+    arguments.require_gx_and_x(gx, x)
     fx = identity.inexact_array(fx, "fx")
     planned = [(label, *_checked(fx, label, g, leaf)) for label, g, leaf in _leaves(gx, x) if g is not None]
     if not fx_gx_manually_stopped:

@@ -1,0 +1,33 @@
+"""custom_gradient's arguments, read alike in both namespaces.
+
+Which form a call is, and which of a decorated function's arguments are
+differentiable: the positional ones; keyword arguments are constants, unless every
+argument is a keyword: then those that name positional parameters are bound
+as positional, as the call ``f(x=1.0)`` means ``f(1.0)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+
+def positional(f: Callable[..., Any], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(differentiable positional arguments, constant keyword arguments) of the call ``f(*args, **kwargs)``."""
+    if args or not kwargs:
+        return args, kwargs
+    bound = inspect.signature(f).bind(**kwargs)
+    return bound.args, bound.kwargs
+
+
+def require_gx_and_x(gx: Any, x: Any) -> None:
+    """The identity form needs both gx and x: a TypeError saying which is missing, and what the forms are."""
+    if x is None or gx is None:
+        raise TypeError(
+            "custom_gradient takes a function, as @custom_gradient or custom_gradient(f) (the decorator form), "
+            "or fx, gx and x, as custom_gradient(fx, gx, x) (the identity form); got fx "
+            f"{'without gx and x' if x is None and gx is None else 'without gx' if gx is None else 'without x'}. "
+            "For a value with no gradient at all, use stop_gradient(fx)."
+        )

@@ -1,0 +1,290 @@
+"""The decorator form in JAX: a VJP embedded as the linear map it is the transpose of.
+
+``f(*args)`` returns ``(y, vjp)``, ``vjp(ct)`` the cotangents of the
+positional arguments (as for ``jax.custom_gradient``). The VJP is traced
+once, on cotangents of y's shapes, into a jaxpr; ``linear_primitives``
+proves it linear from its primitives (or names the one that is not); and
+``jax.linear_transpose`` of that jaxpr is J, applied to the zero v:
+
+    h = y − zero_with_derivative_of(J·v),   v = stop(x) − x
+
+v is +0.0 in value, so h is y bit for bit; the derivative of h w.r.t. x is
+J, and J's transpose, the reverse-mode product, is the VJP again. Where y has
+one element, J is vjp(1) and the identity form embeds it, ``h = y −
+Σ multiply_no_nan(vjp(1), v)``, which keeps an infinite derivative.
+
+At ``order=1`` everything the VJP closes over is stopped, so J is constant;
+``second_derivative_guard`` makes a second derivative raise. At ``order=2``
+f runs at the midpoint ``stop(x) + (x − stop(x))/2``, equal to x bit for bit
+and moving at half speed, which makes J·v exact to second order; y is
+computed at ``stop(x)`` by a second call, so that what f closes over keeps
+its autodiff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import numbers
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core
+
+from stopgrad_math import arguments as arguments_of
+from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard
+from stopgrad_math.jax.linear_primitives import Finding, State
+
+# The order of the embedding whose VJP is being traced, while it is. A VJP may call decorated functions, its own f
+# among them (erfcx' = 2x·erfcx − 2/√π): inside a VJP of order 1 they return their value alone (everything there
+# is stopped, and the recursion ends); inside one of order 2 they embed at order 1, so a recursion is two deep.
+_EVALUATING: contextvars.ContextVar[int | None] = contextvars.ContextVar("vjp_evaluation", default=None)
+
+
+@contextlib.contextmanager
+def _evaluating(order: int) -> Iterator[None]:
+    token = _EVALUATING.set(order)
+    try:
+        yield
+    finally:
+        _EVALUATING.reset(token)
+
+
+def _name(f: Callable[..., Any]) -> str:
+    return getattr(f, "__name__", repr(f))
+
+
+def _call_f(f: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> tuple[Any, Callable[[Any], Any]]:
+    result = f(*args, **kwargs)
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
+        raise TypeError(f"{_name(f)} must return a pair (y, vjp); got {type(result).__name__}.")
+    return result[0], result[1]
+
+
+def _is_differentiable(leaf: Any) -> bool:
+    """A floating or complex array or number: what JAX differentiates. Anything else passes through."""
+    if isinstance(leaf, (bool, np.bool_)) or not isinstance(leaf, (jax.Array, np.ndarray, np.generic, float, complex)):
+        return False
+    return identity.is_inexact(jnp.result_type(leaf))
+
+
+@dataclasses.dataclass
+class _Leaves:
+    """A pytree's leaves, with labels, and which of them are differentiable (as arrays)."""
+
+    labels: list[str]
+    values: list[Any]
+    structure: Any
+    differentiable: list[int]
+
+    @classmethod
+    def of(cls, tree: Any, prefix: str) -> _Leaves:
+        pairs, structure = jax.tree_util.tree_flatten_with_path(tree)
+        values = [v for _, v in pairs]
+        differentiable = [k for k, v in enumerate(values) if _is_differentiable(v)]
+        for k in differentiable:
+            values[k] = jnp.asarray(values[k])
+        return cls([f"{prefix}{jax.tree_util.keystr(p)}" for p, _ in pairs], values, structure, differentiable)
+
+    def with_values(self, replaced: dict[int, Any]) -> Any:
+        values = [replaced.get(k, v) for k, v in enumerate(self.values)]
+        return jax.tree_util.tree_unflatten(self.structure, values)
+
+
+def _stopped_constants(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments are constants: their arrays stopped."""
+    if not kwargs:
+        return kwargs
+    leaves = _Leaves.of(kwargs, "kwargs")
+    return leaves.with_values({k: identity.stop(leaves.values[k]) for k in leaves.differentiable})
+
+
+# ---------------------------------------------------------------- the VJP, traced and proven linear
+
+
+@dataclasses.dataclass
+class _LinearMap:
+    """The VJP as a jaxpr from the cotangents of y's differentiable leaves to those of the arguments'; a call
+    gives the LINEAR results (the others are proven zero), each the cotangent of one argument leaf."""
+
+    jaxpr: Any  # ClosedJaxpr
+    cotangents: list[jax.ShapeDtypeStruct]  # one per differentiable output
+    arguments: list[int]  # per kept result: the argument leaf it is the cotangent of
+    kept: list[int]  # the positions of the kept results among the jaxpr's
+
+    def __call__(self, *cts: jax.Array, consts: list[Any]) -> list[jax.Array]:
+        results = core.jaxpr_as_fun(core.ClosedJaxpr(self.jaxpr.jaxpr, consts))(*cts)
+        return [results[j] for j in self.kept]
+
+
+def _cotangent_of_each_argument(result: Any, count: int, f: Callable[..., Any]) -> list[Any]:
+    """vjp's answer as one cotangent pytree (or None) per positional argument: a tuple of one per argument, or
+    for one argument its cotangent alone."""
+    sequence = isinstance(result, (tuple, list))
+    if count == 1:
+        return [result[0]] if sequence and len(result) == 1 else [result]
+    if not sequence or len(result) != count:
+        raise ValueError(f"The vjp of {_name(f)} returned {len(result) if sequence else 1} cotangents for {count} "
+                         "positional arguments: it returns a tuple with one per argument (None for no gradient).")
+    return list(result)
+
+
+def _argument_cotangents(result: Any, args: tuple[Any, ...], leaves: _Leaves,
+                         f: Callable[..., Any]) -> dict[int, jax.Array]:
+    """The cotangent of each argument leaf that vjp gives one for (None and float0 zeros are no gradient),
+    cast to the leaf's dtype, its shape checked."""
+    per_argument = _cotangent_of_each_argument(result, len(args), f)
+    flat: list[Any] = []
+    for k, (argument, ct) in enumerate(zip(args, per_argument, strict=True)):
+        structure = jax.tree_util.tree_structure(argument)
+        if ct is None:
+            flat += [None] * structure.num_leaves
+            continue
+        try:
+            flat += structure.flatten_up_to(ct)  # type: ignore[attr-defined]  # in PyTreeDef, not in its stub
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"The vjp of {_name(f)} returned a cotangent for args[{k}] of another structure "
+                             f"than the argument: {error}") from None
+    found = {}
+    for k, ct in enumerate(flat):
+        if ct is not None and getattr(ct, "dtype", None) != jax.dtypes.float0:
+            ct = jnp.asarray(ct)  # a constant's must be proven zero: its gradient would be lost
+            found[k] = _checked(f, leaves.labels[k], leaves.values[k], ct) if k in leaves.differentiable else ct
+    return found
+
+
+def _checked(f: Callable[..., Any], label: str, x: jax.Array, ct: jax.Array) -> jax.Array:
+    """ct in x's dtype; ValueError or TypeError naming ``label`` where its shape or kind is not x's."""
+    if ct.shape != x.shape:
+        raise ValueError(f"The vjp of {_name(f)} returned a cotangent of shape {ct.shape} for {label} of shape "
+                         f"{x.shape}: a cotangent has its argument's shape.")
+    if identity.is_complex(ct.dtype) and not identity.is_complex(x.dtype):
+        raise TypeError(f"The vjp of {_name(f)} returned a complex cotangent ({ct.dtype}) for the real {label} "
+                        f"({x.dtype}).")
+    return ct.astype(x.dtype)
+
+
+def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, ...], leaves: _Leaves,
+            outputs: _Leaves, order: int) -> _LinearMap:
+    """vjp traced on cotangents of y's differentiable leaves, proven linear; ValueError naming what is not."""
+    avals = [jax.ShapeDtypeStruct(outputs.values[k].shape, outputs.values[k].dtype) for k in outputs.differentiable]
+    fixed = {k: (np.zeros(np.shape(v), jax.dtypes.float0) if hasattr(v, "dtype") else None)
+             for k, v in enumerate(outputs.values) if k not in outputs.differentiable}
+    found: list[int] = []
+
+    def cotangents(*cts: jax.Array) -> list[jax.Array]:
+        with _evaluating(order):
+            result = vjp(outputs.with_values({**fixed, **dict(zip(outputs.differentiable, cts, strict=True))}))
+        by_leaf = _argument_cotangents(result, args, leaves, f)
+        found[:] = list(by_leaf)
+        return list(by_leaf.values())
+
+    closed = jax.make_jaxpr(cotangents)(*avals)
+    kept = []
+    for k, state in zip(found, linear_primitives.judge(closed), strict=True):
+        label = leaves.labels[k]
+        if isinstance(state, Finding):
+            raise ValueError(f"The vjp of {_name(f)} is not linear in its cotangent, so it cannot be embedded "
+                             f"(the identity's backward pass is linear): {state}, on the path to the cotangent "
+                             f"for {label}.")
+        if state is State.CONST:
+            raise ValueError(f"The vjp of {_name(f)} returns a cotangent for {label} that does not depend on the "
+                             "cotangent of y and is not zero: an affine map, not a VJP.")
+        if state is State.LINEAR and k not in leaves.differentiable:
+            raise ValueError(f"The vjp of {_name(f)} returns a cotangent for {label}, which is not differentiable "
+                             f"({type(leaves.values[k]).__name__}): it would be lost. Return None for it.")
+        kept.append(state is State.LINEAR)
+    return _LinearMap(closed, avals, [k for k, keep in zip(found, kept, strict=True) if keep],
+                      [j for j, keep in enumerate(kept) if keep])
+
+
+# ---------------------------------------------------------------- the embedding
+
+
+def _one_element(outputs: _Leaves, leaves: _Leaves, linear: _LinearMap) -> bool:
+    """Whether J is vjp(1): one differentiable output of one element, complex exactly where the arguments are
+    (a real output of a complex argument, or the reverse, has a J that vjp(1) does not hold whole)."""
+    if len(outputs.differentiable) != 1:
+        return False
+    y = outputs.values[outputs.differentiable[0]]
+    complex_y = identity.is_complex(y.dtype)
+    return y.size == 1 and all(identity.is_complex(leaves.values[k].dtype) == complex_y for k in linear.arguments)
+
+
+def _terms(f: Callable[..., Any], outputs: _Leaves, leaves: _Leaves, linear: _LinearMap, consts: list[Any],
+           zeros: dict[int, jax.Array]) -> dict[int, jax.Array]:
+    """The zero term of each differentiable output: +0.0 with derivative J."""
+    vs = [zeros[k] for k in linear.arguments]
+    if _one_element(outputs, leaves, linear):
+        index = outputs.differentiable[0]
+        y = outputs.values[index]
+        gradients = linear(jnp.ones(y.shape, y.dtype), consts=consts)
+        products = [jnp.sum(identity.multiply_no_nan(g, v)).astype(y.dtype) for g, v in zip(gradients, vs, strict=True)]
+        return {index: jnp.reshape(sum(products, jnp.zeros((), y.dtype)), y.shape)}
+    transpose = jax.linear_transpose(lambda *cts: linear(*cts, consts=consts), *linear.cotangents)
+    products = transpose(vs) if vs else [None] * len(outputs.differentiable)
+    return {k: identity.zero_with_derivative_of(p) for k, p in zip(outputs.differentiable, products, strict=True)
+            if p is not None}
+
+
+def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int, guard: bool) -> Any:
+    leaves = _Leaves.of(list(args), "args")
+    if not leaves.differentiable:
+        return _call_f(f, args, kwargs)[0]
+    stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
+    at = stopped
+    if order == 2:
+        at = {k: s + identity.zero_with_slope(leaves.values[k], False) / 2 for k, s in stopped.items()}
+    y, vjp = _call_f(f, leaves.with_values(at), kwargs)
+    if order == 2:
+        y = _call_f(f, leaves.with_values(stopped), kwargs)[0]
+    outputs = _Leaves.of(y, "y")
+    if not outputs.differentiable:
+        return y
+    linear = _traced(f, vjp, tuple(leaves.with_values(at)), leaves, outputs, order)
+    consts = list(linear.jaxpr.consts)
+    watched = [leaves.values[k] for k in leaves.differentiable] + [c for c in consts if _is_differentiable(c)]
+    if order == 1:
+        consts = [identity.stop(c) if _is_differentiable(c) else c for c in consts]
+    zeros = {}
+    for k in linear.arguments:
+        zero = identity.zero_with_slope(leaves.values[k], slope_is_negative=True)
+        zeros[k] = second_derivative_guard.guarded(zero, watched, order, _name(f)) if guard else zero
+    terms = _terms(f, outputs, leaves, linear, consts, zeros)
+    return outputs.with_values({k: identity.attach(outputs.values[k], [t]) for k, t in terms.items()})
+
+
+def check_options(order: Any, check_linearity: Any) -> None:
+    """The decorator's options, checked when they are given."""
+    if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order not in (1, 2):
+        raise ValueError(f"order must be 1 or 2; got {order!r}.")
+    if not isinstance(check_linearity, bool):
+        raise TypeError(f"check_linearity must be True or False; got {check_linearity!r}.")
+
+
+def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
+    """Returns f with its VJP embedded as a linear map; the contract is on ``custom_gradient``.
+
+    ``check_linearity`` is accepted for the TensorFlow namespace's signature:
+    on JAX every VJP is traced, so its linearity is always proven.
+    """
+    check_options(order, check_linearity)
+
+    @functools.wraps(f)
+    def decorated(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = arguments_of.positional(f, args, kwargs)
+        kwargs = _stopped_constants(kwargs)
+        evaluating = _EVALUATING.get()
+        if evaluating == 1:  # inside a VJP of order 1: everything is stopped, the value is all that is needed
+            return _call_f(f, args, kwargs)[0]
+        if evaluating == 2:  # inside a VJP of order 2: its arguments move with x, at first order
+            return _embed(f, args, kwargs, order=1, guard=False)
+        return _embed(f, args, kwargs, order, guard=True)
+
+    decorated.undecorated = f  # type: ignore[attr-defined]
+    return decorated
