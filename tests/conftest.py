@@ -31,3 +31,13 @@ if os.environ.get("STOPGRAD_MUTANT"):  # make test-mutants: one deliberately bro
 @pytest.fixture(params=MODES)
 def mode(request) -> str:
     return request.param
+
+
+@pytest.fixture
+def float64():
+    """JAX with float64 (off by default), for this test only."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)

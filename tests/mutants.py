@@ -81,6 +81,18 @@ def _never_guards(original):
     return lambda arguments: False
 
 
+def _everything_linear(original):
+    def linear(closed_jaxpr):
+        from stopgrad_math.jax.linear_primitives import State
+        return [State.LINEAR for _ in original(closed_jaxpr)]
+    return linear
+
+
+def _no_fence(original):
+    return lambda v, watched, order, name: v
+
+
+_JAX = "tests/test_jax_decorator_form.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
 MUTANTS = {
     "scale_gradient refuses every call": Mutant(
@@ -102,6 +114,12 @@ MUTANTS = {
     "the order-1 decorator never guards second derivatives": Mutant(
         "stopgrad_math.second_derivative_guard", "needed", _never_guards,
         ("tests/test_second_derivative_guard.py",)),
+    "the JAX decorator takes every vjp for linear": Mutant(
+        "stopgrad_math.jax.linear_primitives", "judge", _everything_linear,
+        (f"{_JAX}::test_a_vjp_that_is_not_linear_is_refused_naming_the_primitive_in_every_mode",)),
+    "the JAX decorator never guards second derivatives": Mutant(
+        "stopgrad_math.jax.second_derivative_guard", "guarded", _no_fence,
+        (f"{_JAX}::test_order_1_second_derivatives_raise_naming_order_2",)),
 }
 
 ENVIRONMENT = "STOPGRAD_MUTANT"

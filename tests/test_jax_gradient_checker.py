@@ -14,12 +14,6 @@ def log1pexp(scale=1.0):
     return lambda x: sgm.custom_gradient(jnp.logaddexp(x, 0.0), scale * jax.nn.sigmoid(x), x)
 
 
-@pytest.fixture
-def float64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
 
 def test_a_right_gradient_passes_in_float32_with_differences_in_float32():
     report = sgm.check_gradient(log1pexp(), jnp.array(X))

@@ -110,13 +110,6 @@ def test_pytrees_of_x_with_a_none_leaf():
     assert float(got["b"][0]) == 0.0  # None: no gradient
 
 
-@pytest.fixture
-def float64():
-    """JAX with float64 (off by default), for this test only."""
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
 
 def test_float64_against_finite_differences(float64):
     x = jnp.linspace(-2.0, 2.0, 7, dtype=jnp.float64)
@@ -165,7 +158,7 @@ def test_gx_of_another_structure_is_a_value_error():
 
 
 def test_fx_without_gx_and_x_is_a_type_error_naming_both_forms():
-    with pytest.raises(TypeError, match="without gx and x.*stop_gradient"):
+    with pytest.raises(TypeError, match=r"without gx and x.*stop_gradient"):
         sgm.custom_gradient(jnp.ones(2))
     with pytest.raises(TypeError, match="without x"):
         sgm.custom_gradient(jnp.ones(2), jnp.ones(2))

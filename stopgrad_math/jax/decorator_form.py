@@ -39,6 +39,7 @@ from jax.extend import core
 from stopgrad_math import arguments as arguments_of
 from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard
 from stopgrad_math.jax.linear_primitives import Finding, State
+from stopgrad_math.layouts import Layout
 
 # The order of the embedding whose VJP is being traced, while it is. A VJP may call decorated functions, its own f
 # among them (erfcx' = 2x·erfcx − 2/√π): inside a VJP of order 1 they return their value alone (everything there
@@ -101,7 +102,8 @@ def _stopped_constants(kwargs: dict[str, Any]) -> dict[str, Any]:
     if not kwargs:
         return kwargs
     leaves = _Leaves.of(kwargs, "kwargs")
-    return leaves.with_values({k: identity.stop(leaves.values[k]) for k in leaves.differentiable})
+    stopped: dict[str, Any] = leaves.with_values({k: identity.stop(leaves.values[k]) for k in leaves.differentiable})
+    return stopped
 
 
 # ---------------------------------------------------------------- the VJP, traced and proven linear
@@ -143,7 +145,7 @@ def _argument_cotangents(result: Any, args: tuple[Any, ...], leaves: _Leaves,
     for k, (argument, ct) in enumerate(zip(args, per_argument, strict=True)):
         structure = jax.tree_util.tree_structure(argument)
         if ct is None:
-            flat += [None] * structure.num_leaves
+            flat += [None] * len(jax.tree_util.tree_leaves(argument))
             continue
         try:
             flat += structure.flatten_up_to(ct)  # type: ignore[attr-defined]  # in PyTreeDef, not in its stub
@@ -172,7 +174,8 @@ def _checked(f: Callable[..., Any], label: str, x: jax.Array, ct: jax.Array) -> 
 def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, ...], leaves: _Leaves,
             outputs: _Leaves, order: int) -> _LinearMap:
     """vjp traced on cotangents of y's differentiable leaves, proven linear; ValueError naming what is not."""
-    avals = [jax.ShapeDtypeStruct(outputs.values[k].shape, outputs.values[k].dtype) for k in outputs.differentiable]
+    avals = [jax.ShapeDtypeStruct(outputs.values[k].shape, outputs.values[k].dtype)  # type: ignore[no-untyped-call]
+             for k in outputs.differentiable]
     fixed = {k: (np.zeros(np.shape(v), jax.dtypes.float0) if hasattr(v, "dtype") else None)
              for k, v in enumerate(outputs.values) if k not in outputs.differentiable}
     found: list[int] = []
@@ -220,14 +223,21 @@ def _terms(f: Callable[..., Any], outputs: _Leaves, leaves: _Leaves, linear: _Li
            zeros: dict[int, jax.Array]) -> dict[int, jax.Array]:
     """The zero term of each differentiable output: +0.0 with derivative J."""
     vs = [zeros[k] for k in linear.arguments]
-    if _one_element(outputs, leaves, linear):
+    if _one_element(outputs, leaves, linear):  # the identity form, with the Jacobian's one row vjp(1)
         index = outputs.differentiable[0]
         y = outputs.values[index]
         gradients = linear(jnp.ones(y.shape, y.dtype), consts=consts)
-        products = [jnp.sum(identity.multiply_no_nan(g, v)).astype(y.dtype) for g, v in zip(gradients, vs, strict=True)]
-        return {index: jnp.reshape(sum(products, jnp.zeros((), y.dtype)), y.shape)}
+        terms = [identity.zero_term(Layout.SCALAR, y, leaves.values[k], g, zero)
+                 for k, g, zero in zip(linear.arguments, gradients, vs, strict=True)]
+        return {index: jnp.reshape(sum(terms, jnp.zeros((), y.dtype)), y.shape)}
     transpose = jax.linear_transpose(lambda *cts: linear(*cts, consts=consts), *linear.cotangents)
-    products = transpose(vs) if vs else [None] * len(outputs.differentiable)
+    try:
+        products = transpose(vs) if vs else [None] * len(outputs.differentiable)
+    except (AssertionError, NotImplementedError) as error:  # proven linear, but this JAX has no transpose for it
+        raise ValueError(
+            f"The vjp of {_name(f)} is linear, but this version of JAX ({jax.__version__}) cannot transpose it "
+            f"({type(error).__name__} in jax.linear_transpose; JAX 0.4.35 cannot transpose a scan whose carry "
+            "starts as a constant and then carries the cotangent).") from error
     return {k: identity.zero_with_derivative_of(p) for k, p in zip(outputs.differentiable, products, strict=True)
             if p is not None}
 

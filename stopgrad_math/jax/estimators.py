@@ -10,7 +10,7 @@ import numpy as np
 
 from stopgrad_math import layouts
 from stopgrad_math.jax import identity
-from stopgrad_math.jax.identity_form import custom_gradient
+from stopgrad_math.jax.identity_form import with_gradient
 
 
 def straight_through(forward: Any, backward: Any) -> Any:
@@ -67,7 +67,7 @@ def _scaled(x: Any, scale: Any) -> jax.Array:
     scale = identity.inexact_array(scale, "scale_gradient's scale", dtype_hint=x.dtype)
     if not layouts.may_broadcast_to(scale.shape, x.shape):
         raise ValueError(f"scale_gradient's scale of shape {scale.shape} does not broadcast to x's {x.shape}.")
-    return custom_gradient(x, jnp.broadcast_to(scale, x.shape), x)
+    return with_gradient(x, jnp.broadcast_to(scale, x.shape), x)
 
 
 def reverse_gradient(x: Any, scale: Any = 1.0) -> Any:

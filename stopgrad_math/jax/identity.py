@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stopgrad_math.layouts import Layout
+
 stop = jax.lax.stop_gradient
 
 
@@ -109,6 +111,23 @@ def attach(value: jax.Array, terms: list[jax.Array]) -> jax.Array:
     for term in terms:
         value = value - term.astype(value.dtype)
     return value
+
+
+
+def zero_term(layout: Layout, fx: jax.Array, x: jax.Array, g: jax.Array, zero: jax.Array | None = None) -> jax.Array:
+    """+0.0 broadcasting to fx's shape, with derivative g in its layout; ``zero`` is stop(x) − x where the
+    caller has made it (the decorator's carries its guard)."""
+    g = jnp.where(jnp.isfinite(stop(x)), g, jnp.zeros((), g.dtype))  # inf or NaN x: 0, never g·0 = NaN
+    zero = zero_with_slope(x, slope_is_negative=True) if zero is None else zero
+    product = multiply_no_nan(g, zero.astype(fx.dtype))
+    if layout is Layout.ELEMENTWISE:
+        return product
+    if layout is Layout.JACOBIAN:
+        return jnp.sum(product, axis=tuple(range(fx.ndim, product.ndim)))
+    total = jnp.sum(product)
+    if layout is Layout.SCALAR:
+        return total
+    return total / max(size(fx.shape), 1)  # tfp's rule spreads the sum over fx (an empty fx: no division)
 
 
 def size(shape: tuple[int, ...]) -> int:

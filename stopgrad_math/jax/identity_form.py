@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from stopgrad_math import arguments, layouts
 from stopgrad_math.jax import decorator_form, identity
@@ -32,20 +31,6 @@ def _checked(fx: jax.Array, label: str, g: Any, x: Any) -> tuple[Layout, jax.Arr
                         f"({fx.dtype}): a real function has no complex derivative.")
     choice = layouts.candidates(label, fx.shape, x.shape, g.shape)
     return choice.layouts[0], g.astype(fx.dtype), x
-
-
-def _term(layout: Layout, fx: jax.Array, x: jax.Array, g: jax.Array) -> jax.Array:
-    """+0.0 broadcasting to fx's shape, with derivative g in its layout."""
-    g = jnp.where(jnp.isfinite(identity.stop(x)), g, jnp.zeros((), g.dtype))  # inf or NaN x: 0, never g·0 = NaN
-    product = identity.multiply_no_nan(g, identity.zero_with_slope(x, slope_is_negative=True).astype(fx.dtype))
-    if layout is Layout.ELEMENTWISE:
-        return product
-    if layout is Layout.JACOBIAN:
-        return jnp.sum(product, axis=tuple(range(fx.ndim, product.ndim)))
-    total = jnp.sum(product)
-    if layout is Layout.SCALAR:
-        return total
-    return total / max(identity.size(fx.shape), 1)  # tfp's rule spreads the sum over fx (an empty fx: no division)
 
 
 def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manually_stopped: bool = False,
@@ -111,9 +96,14 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
     if order != 1 or check_linearity:
         raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
     arguments.require_gx_and_x(gx, x)
+    return with_gradient(fx, gx, x, fx_gx_manually_stopped)
+
+
+def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False) -> jax.Array:
+    """The identity form alone (the helpers' entry): fx with derivative gx w.r.t. x."""
     fx = identity.inexact_array(fx, "fx")
     planned = [(label, *_checked(fx, label, g, leaf)) for label, g, leaf in _leaves(gx, x) if g is not None]
     if not fx_gx_manually_stopped:
         fx = identity.stop(fx)
         planned = [(label, layout, identity.stop(g), leaf) for label, layout, g, leaf in planned]
-    return identity.attach(fx, [_term(layout, fx, leaf, g) for _, layout, g, leaf in planned])
+    return identity.attach(fx, [identity.zero_term(layout, fx, leaf, g) for _, layout, g, leaf in planned])

@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from stopgrad_math.jax.identity_form import custom_gradient
+from stopgrad_math.jax.identity_form import with_gradient
 from stopgrad_math.jax.stops import stop_gradient
 
 
@@ -27,4 +27,4 @@ def partial_custom_gradient(f: Callable[..., Any], g: Callable[..., Any], x: Any
         [10.0, 3.0]
     """
     stopped = stop_gradient(x)
-    return custom_gradient(f(stopped, *others), g(stopped, *others), x, fx_gx_manually_stopped=True)
+    return with_gradient(f(stopped, *others), g(stopped, *others), x, fx_gx_manually_stopped=True)
