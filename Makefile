@@ -55,6 +55,7 @@ test-oldest: $(OLDEST)/.installed
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/jax_run.py
 
 clean:
 	rm -rf $(VENV) $(OLDEST) build site .cache .mypy_cache *.egg-info .pytest_cache .ruff_cache .hypothesis

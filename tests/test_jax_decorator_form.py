@@ -192,16 +192,17 @@ NOT_LINEAR = {
                    r"while"),
     "stop_gradient": (lambda ct: jax.lax.stop_gradient(ct), r"stop_gradient"),
     "rounding": (lambda ct: jnp.round(ct), r"round.*not in the table"),
+    "psum": (lambda ct: jax.lax.psum(ct, "i"), r"psum \(a collective"),
     "constant": (lambda ct: jnp.ones(3), r"does not depend on the cotangent of y and is not zero"),
     "ignores its cotangent": (lambda ct: jnp.full(3, 2.0), r"affine map, not a VJP"),
 }
 
-MODES = {
-    "grad": lambda fn, x: jax.grad(_sum_of(fn))(x),
-    "jvp": lambda fn, x: jax.jvp(fn, (x,), (jnp.ones(3),)),
-    "jit(grad)": lambda fn, x: jax.jit(jax.grad(_sum_of(fn)))(x),
-    "jit": lambda fn, x: jax.jit(fn)(x),
-    "vmap": lambda fn, x: jax.vmap(fn)(x[None]),
+MODES = {  # each under vmap with a named axis, for psum's sake
+    "grad": lambda fn, x: jax.vmap(jax.grad(_sum_of(fn)), axis_name="i")(x[None]),
+    "jvp": lambda fn, x: jax.vmap(lambda x: jax.jvp(fn, (x,), (jnp.ones(3),)), axis_name="i")(x[None]),
+    "jit(grad)": lambda fn, x: jax.vmap(jax.jit(jax.grad(_sum_of(fn))), axis_name="i")(x[None]),
+    "jit": lambda fn, x: jax.vmap(jax.jit(fn), axis_name="i")(x[None]),
+    "vmap": lambda fn, x: jax.vmap(fn, axis_name="i")(x[None]),
 }
 
 
@@ -212,6 +213,18 @@ def test_a_vjp_that_is_not_linear_is_refused_naming_the_primitive_in_every_mode(
     fn = sgm.custom_gradient(lambda x: (2.0 * x, vjp))
     with pytest.raises(ValueError, match=message):
         MODES[mode](fn, jnp.array([0.5, -2.0, 3.0]))
+
+
+def test_why_collectives_are_refused():
+    """A collective couples the examples of a mapped axis: for the vjp ct ↦ psum(ct·cos x) under vmap's named axis,
+    J[i, j] = cos(x_i), so J·1 = 3·cos(x_i) (jax.linear_transpose gives it), while vjp(1), which the decorator
+    takes for J where y has one element, is Σ_j cos(x_j). Not proven by the table, so refused."""
+    x = jnp.array([0.1, 0.2, 0.3])
+    vjp_of = lambda x: lambda ct: jax.lax.psum(ct * jnp.cos(x), "i")  # noqa: E731
+    transposed = jax.vmap(lambda x: jax.linear_transpose(vjp_of(x), 1.0)(1.0)[0], axis_name="i")(x)
+    at_one = jax.vmap(lambda x: vjp_of(x)(1.0), axis_name="i")(x)
+    np.testing.assert_allclose(transposed, 3 * np.cos(x), rtol=1e-6)
+    np.testing.assert_allclose(at_one, np.full(3, np.cos(x).sum()), rtol=1e-6)
 
 
 def test_the_constant_that_jaxs_own_transpose_drops_silently():
@@ -513,8 +526,13 @@ def test_the_forward_mode_table(row):
 
 
 def test_the_non_linear_vjp_row():
+    """A clipping VJP: jax.custom_vjp and jax.custom_gradient take it as written (the gradient of 3·f at 1 is
+    clip(3) = 1, not the 6 of f = 2x); we refuse it."""
     clipped = lambda x: (2.0 * x, lambda ct: jnp.clip(ct, -1.0, 1.0))  # noqa: E731
-    assert float(jax.grad(lambda x: 3.0 * jax.custom_gradient(clipped)(x))(1.0)) == 1.0  # as written, clipped
+    assert float(jax.grad(lambda x: 3.0 * jax.custom_gradient(clipped)(x))(1.0)) == 1.0
+    as_vjp = jax.custom_vjp(lambda x: 2.0 * x)
+    as_vjp.defvjp(lambda x: (2.0 * x, None), lambda _, ct: (jnp.clip(ct, -1.0, 1.0),))
+    assert float(jax.grad(lambda x: 3.0 * as_vjp(x))(1.0)) == 1.0
     with pytest.raises(ValueError, match="max"):
         jax.grad(lambda x: 3.0 * sgm.custom_gradient(clipped)(x))(1.0)
 

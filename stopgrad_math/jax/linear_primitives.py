@@ -153,9 +153,12 @@ RULES: dict[str, _Rule] = {
     **{name: _first_operand() for name in (
         "neg", "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "rev", "slice",
         "dynamic_slice", "gather", "reduce_sum", "cumsum", "reduce_window_sum", "copy", "copy_p", "real", "imag",
-        "conj", "fft", "sharding_constraint", "reshard", "split", "psum", "psum_invariant", "all_gather",
-        "all_gather_invariant", "all_to_all", "ppermute", "reduce_scatter", "pbroadcast", "pvary",
+        "conj", "fft", "sharding_constraint", "reshard", "split",
     )},
+    **{name: _refused("a collective, which couples the examples of a mapped axis: vjp(1) is then not a row of "
+                      "the Jacobian, and the decorator's use of it is not proven")
+       for name in ("psum", "psum_invariant", "all_gather", "all_gather_invariant", "all_to_all", "ppermute",
+                    "reduce_scatter", "pbroadcast", "pvary", "pmax", "pmin")},
     "pad": _first_operand(zero_operands=(1,)),
     "convert_element_type": _convert,
     **{name: _sum_of_terms for name in ("add", "add_any", "sub", "concatenate", "complex")},
