@@ -9,6 +9,7 @@ as positional, as the call ``f(x=1.0)`` means ``f(1.0)``.
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -31,3 +32,28 @@ def require_gx_and_x(gx: Any, x: Any) -> None:
             f"{'without gx and x' if x is None and gx is None else 'without gx' if gx is None else 'without x'}. "
             "For a value with no gradient at all, use stop_gradient(fx)."
         )
+
+
+def check_options(order: Any, check_linearity: Any) -> None:
+    """The decorator's options, checked when they are given (not when the decorated function first runs)."""
+    if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order not in (1, 2):
+        raise ValueError(f"order must be 1 or 2; got {order!r}.")
+    if not isinstance(check_linearity, bool):
+        raise TypeError(f"check_linearity must be True or False; got {check_linearity!r}.")
+
+
+def decorator_form(fx: Any, gx: Any, x: Any, order: Any, check_linearity: Any,
+                   decorate: Callable[..., Callable[..., Any]]) -> Callable[..., Any] | None:
+    """What ``custom_gradient(fx, gx, x, order=, check_linearity=)`` is where it is the decorator form
+    (``custom_gradient(f)``, or ``custom_gradient(order=2)`` returning a decorator); None for the identity form,
+    whose arguments are checked here."""
+    if gx is None and x is None:
+        if fx is None:
+            check_options(order, check_linearity)
+            return lambda f: decorate(f, order=order, check_linearity=check_linearity)
+        if callable(fx):
+            return decorate(fx, order=order, check_linearity=check_linearity)
+    if order != 1 or check_linearity:
+        raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
+    require_gx_and_x(gx, x)
+    return None

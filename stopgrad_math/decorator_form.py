@@ -29,7 +29,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import numbers
 import re
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
@@ -551,14 +550,6 @@ def _needs_embedding(f: Callable[..., Any], evaluating: _Evaluating | None, args
     return True
 
 
-def check_options(order: Any, check_linearity: Any) -> None:
-    """The decorator's options, checked when they are given (not when the decorated function first runs)."""
-    if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order not in (1, 2):
-        raise ValueError(f"order must be 1 or 2; got {order!r}.")
-    if not isinstance(check_linearity, bool):
-        raise TypeError(f"check_linearity must be True or False; got {check_linearity!r}.")
-
-
 SIGNATURES_KEPT = 256  # input signatures per decorated function whose route eager mode keeps
 
 
@@ -570,7 +561,7 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
     the limits in the README's decorator section. The result
     keeps f's name and docstring; f itself is its ``undecorated`` attribute.
     """
-    check_options(order, check_linearity)
+    arguments_of.check_options(order, check_linearity)
 
     # A root name scope must start with a letter, digit or '.': '_f' and '<lambda>' would be refused.
     scope = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(f, "__name__", "")).lstrip("_") or "custom_gradient"

@@ -113,15 +113,9 @@ def custom_gradient(
         >>> float(tape.gradient(y, x))
         1.0
     """
-    if gx is None and x is None:
-        if fx is None:
-            decorator_form.check_options(order, check_linearity)
-            return lambda f: decorator_form.decorate(f, order=order, check_linearity=check_linearity)
-        if callable(fx):
-            return decorator_form.decorate(fx, order=order, check_linearity=check_linearity)
-    if order != 1 or check_linearity:
-        raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
-    arguments.require_gx_and_x(gx, x)
+    decorated = arguments.decorator_form(fx, gx, x, order, check_linearity, decorator_form.decorate)
+    if decorated is not None:
+        return decorated
     with identity.name_scope(name or "custom_gradient"):
         fx = _tensor_like(fx, "fx")
         fx = fx if isinstance(fx, tf.Tensor) else tf.convert_to_tensor(fx, name="fx")

@@ -27,7 +27,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import numbers
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -269,21 +268,13 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     return outputs.with_values({k: identity.attach(outputs.values[k], [t]) for k, t in terms.items()})
 
 
-def check_options(order: Any, check_linearity: Any) -> None:
-    """The decorator's options, checked when they are given."""
-    if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order not in (1, 2):
-        raise ValueError(f"order must be 1 or 2; got {order!r}.")
-    if not isinstance(check_linearity, bool):
-        raise TypeError(f"check_linearity must be True or False; got {check_linearity!r}.")
-
-
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
     """Returns f with its VJP embedded as a linear map; the contract is on ``custom_gradient``.
 
     ``check_linearity`` is accepted for the TensorFlow namespace's signature:
     on JAX every VJP is traced, so its linearity is always proven.
     """
-    check_options(order, check_linearity)
+    arguments_of.check_options(order, check_linearity)
 
     @functools.wraps(f)
     def decorated(*args: Any, **kwargs: Any) -> Any:

@@ -87,15 +87,9 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
         1.0
     """
     del name  # JAX keeps no op names
-    if gx is None and x is None:
-        if fx is None:
-            decorator_form.check_options(order, check_linearity)
-            return lambda f: decorator_form.decorate(f, order=order, check_linearity=check_linearity)
-        if callable(fx):
-            return decorator_form.decorate(fx, order=order, check_linearity=check_linearity)
-    if order != 1 or check_linearity:
-        raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
-    arguments.require_gx_and_x(gx, x)
+    decorated = arguments.decorator_form(fx, gx, x, order, check_linearity, decorator_form.decorate)
+    if decorated is not None:
+        return decorated
     return with_gradient(fx, gx, x, fx_gx_manually_stopped)
 
 
