@@ -8,7 +8,7 @@ in ``--blocks`` blocks; within a block the implementations run round-robin
 a ratio is reported as the median over blocks with its range, which is the
 run-to-run noise. Beside each ratio: the number of kernels in XLA's
 optimized HLO (fusions, reductions and custom calls of the entry
-computation), which says whether a difference is structural. Imports JAX,
+computation: fusions, reductions, sorts, custom calls), which says whether a difference is structural. Imports JAX,
 never TensorFlow: a machine with JAX's CUDA build alone runs it on its GPU
 (``results/latest-jax-gpu.md``); elsewhere ``results/latest-jax.md``.
 """
@@ -68,11 +68,11 @@ def programs(fn: Callable[[jax.Array], jax.Array], phase: str) -> Callable[[jax.
 
 
 def kernels(program: Callable[[jax.Array], object], x: jax.Array) -> int:
-    """Kernels XLA launches for the program: fusions, reductions and custom calls in its entry computation."""
+    """Kernels XLA launches for the program: fusions, reductions, sorts and custom calls in its entry computation."""
     text = program.lower(x).compile().as_text()  # type: ignore[attr-defined]
     entry = text[text.index("ENTRY"):]
     entry = entry[:entry.index("\n}")]
-    return len(re.findall(r"= \S+ (fusion|reduce|custom-call|convolution|dot)\(", entry))
+    return len(re.findall(r"= \S+ (fusion|reduce|sort|custom-call|convolution|dot)\(", entry))
 
 
 def block_medians(calls: dict[str, Callable[[], object]], min_time: float, rounds: int = 7) -> dict[str, float]:
