@@ -56,11 +56,8 @@ def _carries(state: Judged) -> bool:
     return state is State.LINEAR
 
 
-def _free(state: Judged) -> bool:
-    return state is State.CONST or state is State.ZERO
-
-
 # ---------------------------------------------------------------- rules: (equation, input states) → output states
+# A rule is asked only where some input is LINEAR and none is a Finding.
 
 
 def _outputs(eqn: Any, state: Judged) -> list[Judged]:
@@ -82,8 +79,6 @@ def _first_operand(zero_operands: Sequence[int] = ()) -> _Rule:
     def rule(eqn: Any, states: list[Judged]) -> list[Judged] | Finding:
         if any(_carries(s) for s in states[1:]):
             return Finding(eqn.primitive.name, "the cotangent is used as an index, a shape or a fill value")
-        if not _carries(states[0]):
-            return _outputs(eqn, State.CONST)
         if any(states[k] is State.CONST for k in zero_operands):
             return Finding(eqn.primitive.name, "pads the cotangent with a value that is not zero: affine")
         return _outputs(eqn, State.LINEAR)
@@ -129,7 +124,8 @@ def _refused(why: str) -> _Rule:
 
 
 def _custom_rule(eqn: Any, states: list[Judged]) -> Finding:
-    called = f" of {_function_name(eqn)}" if _function_name(eqn) else ""
+    name = _function_name(eqn)
+    called = f" of {name}" if name else ""
     return Finding(f"{eqn.primitive.name}{called}", "a custom derivative rule (jax.nn.relu is one): its rule, not "
                                                     "its ops, is its derivative, and it has no transpose")
 
@@ -173,9 +169,9 @@ RULES: dict[str, _Rule] = {
     "triangular_solve": lambda eqn, states: (  # solve(a, b): linear in b
         Finding("triangular_solve", "solves against the cotangent") if _carries(states[0])
         else _outputs(eqn, State.LINEAR)),
-    **{name: _refused(_CLIPS) for name in ("max", "min", "clamp", "reduce_max", "reduce_min", "sort")},
+    **{name: _refused(_CLIPS) for name in ("max", "min", "clamp", "reduce_max", "reduce_min")},
     **{name: _refused("compares the cotangent: a branch chosen by its values")
-       for name in ("gt", "ge", "lt", "le", "eq", "ne", "is_finite", "argmax", "argmin")},
+       for name in ("gt", "ge", "lt", "le", "eq", "ne", "is_finite", "argmax", "argmin", "sort")},
     **{name: _refused(_POWERS) for name in (
         "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "pow", "abs", "sign", "exp", "exp2", "log", "log1p",
         "expm1", "tanh", "logistic", "reduce_prod", "cumprod", "cumlogsumexp", "cummax", "cummin")},
@@ -246,20 +242,20 @@ class _Walk:
             return _outputs(eqn, dataclasses.replace(verdict, where=self.where))
         return verdict
 
-    def _body(self, eqn: Any, jaxpr: Any, inputs: Sequence[Judged], label: str) -> list[Judged]:
+    def _body(self, jaxpr: Any, inputs: Sequence[Judged], label: str) -> list[Judged]:
         jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's consts are CONST
         return _Walk(jaxpr, inputs, (*self.where, label)).outputs
 
     def _call(self, eqn: Any, inputs: list[Judged]) -> list[Judged]:
         body = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
         name = eqn.params.get("name")
-        return self._body(eqn, body, inputs, f"{eqn.primitive.name}({name})" if name else eqn.primitive.name)
+        return self._body(body, inputs, f"{eqn.primitive.name}({name})" if name else eqn.primitive.name)
 
     def _cond(self, eqn: Any, inputs: list[Judged]) -> list[Judged]:
         if _carries(inputs[0]):
             return _outputs(eqn, dataclasses.replace(
                 Finding("cond", "a branch chosen by the cotangent's values"), where=self.where))
-        branches = [self._body(eqn, b, inputs[1:], "cond") for b in eqn.params["branches"]]
+        branches = [self._body(b, inputs[1:], "cond") for b in eqn.params["branches"]]
         return [_joined("cond", states, self.where) for states in zip(*branches, strict=True)]
 
     def _scan(self, eqn: Any, inputs: list[Judged]) -> list[Judged]:
@@ -267,7 +263,7 @@ class _Walk:
         carry = list(inputs[consts:consts + carry_count])
         while True:  # the carry's state, to a fixed point: it can only rise from CONST/ZERO to LINEAR or Finding
             body = [*inputs[:consts], *carry, *inputs[consts + carry_count:]]
-            outputs = self._body(eqn, eqn.params["jaxpr"], body, "scan")
+            outputs = self._body(eqn.params["jaxpr"], body, "scan")
             joined = [_joined("scan", (c, o), self.where) for c, o in zip(carry, outputs[:carry_count], strict=True)]
             if joined == carry:
                 return outputs
