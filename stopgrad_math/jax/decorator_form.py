@@ -219,9 +219,9 @@ def _one_element(outputs: _Leaves, leaves: _Leaves, linear: _LinearMap) -> bool:
 
 
 def _terms(f: Callable[..., Any], outputs: _Leaves, leaves: _Leaves, linear: _LinearMap, consts: list[Any],
-           zeros: dict[int, jax.Array]) -> dict[int, jax.Array]:
-    """The zero term of each differentiable output: +0.0 with derivative J."""
-    vs = [zeros[k] for k in linear.arguments]
+           vs: list[jax.Array]) -> dict[int, jax.Array]:
+    """The zero term of each differentiable output: +0.0 with derivative J; ``vs``: stop(x) − x for each argument
+    leaf of ``linear.arguments``."""
     if _one_element(outputs, leaves, linear):  # the identity form, with the Jacobian's one row vjp(1)
         index = outputs.differentiable[0]
         y = outputs.values[index]
@@ -249,21 +249,21 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     at = stopped
     if order == 2:
         at = {k: s + identity.zero_with_slope(leaves.values[k], False) / 2 for k, s in stopped.items()}
-    y, vjp = _call_f(f, leaves.with_values(at), kwargs)
+    at_args = leaves.with_values(at)
+    y, vjp = _call_f(f, at_args, kwargs)
     if order == 2:
         y = _call_f(f, leaves.with_values(stopped), kwargs)[0]
     outputs = _Leaves.of(y, "y")
     if not outputs.differentiable:
         return y
-    linear = _traced(f, vjp, tuple(leaves.with_values(at)), leaves, outputs, order)
+    linear = _traced(f, vjp, tuple(at_args), leaves, outputs, order)
     consts = list(linear.jaxpr.consts)
     watched = [leaves.values[k] for k in leaves.differentiable] + [c for c in consts if _is_differentiable(c)]
     if order == 1:
         consts = [identity.stop(c) if _is_differentiable(c) else c for c in consts]
-    zeros = {}
-    for k in linear.arguments:
-        zero = identity.zero_with_slope(leaves.values[k], slope_is_negative=True)
-        zeros[k] = second_derivative_guard.guarded(zero, watched, order, _name(f)) if guard else zero
+    zeros = [identity.zero_with_slope(leaves.values[k], slope_is_negative=True) for k in linear.arguments]
+    if guard:
+        zeros = [second_derivative_guard.guarded(zero, watched, order, _name(f)) for zero in zeros]
     terms = _terms(f, outputs, leaves, linear, consts, zeros)
     return outputs.with_values({k: identity.attach(outputs.values[k], [t]) for k, t in terms.items()})
 
