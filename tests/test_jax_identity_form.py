@@ -1,10 +1,6 @@
 """stopgrad_math.jax.custom_gradient(fx, gx, x) under every JAX transform, against independent truths:
 autodiff of a stable formula, analytic derivatives and float64 finite differences."""
 
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -12,7 +8,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from helpers import bits  # noqa: E402
-from jax_transforms import TRANSFORMS  # noqa: E402
+from jax_transforms import TRANSFORMS, elementwise_cases, run_on_two_host_devices  # noqa: E402
 
 import stopgrad_math.jax as sgm  # noqa: E402
 
@@ -167,7 +163,7 @@ def test_fx_without_gx_and_x_is_a_type_error_naming_both_forms():
 def test_sharded_arrays_over_two_host_devices():
     """A batch sharded over two CPU devices: the identity form's and the helpers' derivatives as on one device, the
     outputs sharded alike."""
-    code = textwrap.dedent("""
+    run_on_two_host_devices("""
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
         import stopgrad_math.jax as sgm
@@ -195,34 +191,15 @@ def test_sharded_arrays_over_two_host_devices():
             np.testing.assert_allclose(got, np.broadcast_to(want, (8,)), rtol=1e-6, err_msg=name)
         print("ok", len(jax.devices()))
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["ok", "2"]
 
 
 # ---------------------------------------------------------------- hypothesis: shapes, dtypes, awkward values
 
 from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.extra import numpy as hnp  # noqa: E402
-
-AWKWARD = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25, 3e4, 1e-30]
-DTYPES = [jnp.float16, jnp.bfloat16, jnp.float32]
-
-
-@st.composite
-def _elementwise_cases(draw):
-    dtype = draw(st.sampled_from(DTYPES))
-    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3))
-    values = st.sampled_from(AWKWARD)
-    fx, gx = (np.array(draw(hnp.arrays(np.float64, shape, elements=values)), dtype) for _ in range(2))
-    x = np.array(draw(hnp.arrays(np.float64, shape, elements=st.sampled_from([0.5, -1.0, 2.0, np.inf]))), dtype)
-    return fx, gx, x
 
 
 @settings(max_examples=60, deadline=None)
-@given(_elementwise_cases())
+@given(elementwise_cases())
 def test_the_value_is_fx_and_the_derivative_gx_for_any_shape_dtype_and_value(case):
     fx, gx, x = case
     fn = jax.jit(lambda x: sgm.custom_gradient(fx, gx, x))
