@@ -44,6 +44,13 @@ on the upstream at all (``tape.gradient`` would answer only after computing it).
 
 
 
+def gradient_possible(tensors: list[tf.Tensor]) -> bool:
+    """Whether any tape or forward accumulator watches one of these tensors. ``should_record_backprop`` asks the
+    tapes alone; this is the test tf.function asks of its inputs, and no public API answers it."""
+    kind = _gradients_util.PossibleTapeGradientTypes(tensors)
+    return bool(kind != _gradients_util.POSSIBLE_GRADIENT_TYPES_NONE)
+
+
 def higher_order_gradient_possible(tensors: list[tf.Tensor]) -> bool:
     """Whether two tapes, a persistent tape, or a tape and an accumulator watch these tensors: TensorFlow's own
     test of whether a gradient of a gradient can be taken, which tf.function asks to choose its gradient

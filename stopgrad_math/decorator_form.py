@@ -39,6 +39,7 @@ import tensorflow as tf
 from stopgrad_math import (
     _tf_internal,
     bounded_cache,
+    function_identity,
     grad_fn_conventions,
     gradient_components,
     gradient_layout,
@@ -76,12 +77,13 @@ def _constants(kwargs: dict[str, Any]) -> dict[str, Any]:
 class _Evaluating:
     """Set while a grad_fn runs: the order of the embedding that calls it, how many grad_fns deep, where the
     decorated calls it makes are kept (each one op box for the route, ``transposition``), and the functions
-    whose grad_fns are running (``id`` of each f)."""
+    whose grad_fns are running (``function_identity.key`` of each f: a factory's fresh wrapper of the same
+    function is the same function)."""
 
     order: int
     depth: int
     boxes: list[transposition.Box]
-    running: frozenset[int]
+    running: frozenset[Hashable]
 
 
 # A grad_fn may call decorated functions, its own f among them (erfcx' = 2x·erfcx − 2/√π). They run when f is
@@ -94,7 +96,7 @@ MAX_DEPTH = 8
 def _evaluating(order: int, boxes: list[transposition.Box], f: Callable[..., Any]) -> Iterator[None]:
     outer = _EVALUATING.get()
     depth, running = (1, frozenset()) if outer is None else (outer.depth + 1, outer.running)
-    token = _EVALUATING.set(_Evaluating(order, depth, boxes, running | {id(f)}))
+    token = _EVALUATING.set(_Evaluating(order, depth, boxes, running | {function_identity.key(f)}))
     try:
         yield
     finally:
@@ -210,14 +212,19 @@ def _probe(plan: _Plan, persistent: bool, watch: bool = True) -> _Probe:
     return _Probe(tape, zeros, gradients, reached, first_op)
 
 
-def _route(plan: _Plan, probe: _Probe | None, routes: bounded_cache.BoundedCache[transposition.Route],
-           signature: Hashable | None, require_proof: bool) -> transposition.Route:
+# Eager mode: the route per decorated function (``function_identity``) and input signature.
+ROUTES_KEPT = 1024
+_ROUTES: bounded_cache.BoundedCache[transposition.Route] = bounded_cache.BoundedCache(ROUTES_KEPT)
+
+
+def _route(plan: _Plan, probe: _Probe | None, signature: Hashable | None,
+           require_proof: bool) -> transposition.Route:
     """The route for this call: from the ops of the probe while tracing; in eager mode from a trace of grad_fn
-    made once per input ``signature`` (or, where grad_fn cannot be traced, from numerical tests)."""
+    made once per function and input ``signature`` (or, where grad_fn cannot be traced, from numerical tests)."""
     one_element, small = _one_element(plan), _small(plan)
     if probe is not None:
         return transposition.choose_route(probe.findings(plan), one_element, small)
-    route = routes.get(signature) if signature is not None else None
+    route = _ROUTES.get(signature) if signature is not None else None
     if route is None:
         found = _traced_findings(plan)
         if found is None:
@@ -227,21 +234,19 @@ def _route(plan: _Plan, probe: _Probe | None, routes: bounded_cache.BoundedCache
         else:
             route = transposition.choose_route(found, one_element, small)
         if signature is not None:
-            routes.put(signature, route)
+            _ROUTES.put(signature, route)
     return route
 
 
 _UNTRACEABLE = (
-    "grad_fn cannot be traced into a graph (it reads tensor values in Python, or runs inside a replica context), "
+    "grad_fn cannot be traced into a graph (it reads tensor values in Python), "
     "so its linearity cannot be proven from its ops, and check_linearity=True asks for that proof."
 )
 
 
 def _traced_findings(plan: _Plan) -> list[transposition.Finding] | None:
-    """Eager mode: grad_fn traced into a graph on upstreams of y's shapes, its ops read. None where it cannot
-    be: in a replica context a trace would run grad_fn's collectives without the other replicas."""
-    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
-        return None
+    """Eager mode: grad_fn traced into a graph on upstreams of y's shapes, its ops read; None where it cannot be.
+    In a replica context every replica traces it on its first call, so a collective in it meets the others'."""
     outputs = plan.outputs.components
     specs = [tf.TensorSpec(outputs[i].tensor.shape, outputs[i].tensor.dtype) for i in plan.outputs.differentiable]
 
@@ -277,7 +282,14 @@ def _tested_route(plan: _Plan, one_element: bool, small: bool) -> transposition.
 
 def _one_element(plan: _Plan) -> bool:
     index = _one_element_output(plan)
-    return index is not None and _real_or_all_complex(plan, index)
+    return index is not None and _real_or_all_complex(plan, index) and not _replicated()
+
+
+def _replicated() -> bool:
+    """In a replica context (``tf.distribute``), grad_fn(1) and grad_fn on unit upstreams are not rows of J:
+    a collective in grad_fn maps every replica's upstream, not this replica's alone. J·v is the transpose then,
+    through the collective's own gradient (an all-reduce's is an all-reduce)."""
+    return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
 
 
 def _small(plan: _Plan) -> bool:
@@ -286,7 +298,7 @@ def _small(plan: _Plan) -> bool:
     outputs = [plan.outputs.components[i] for i in plan.outputs.differentiable]
     sizes = [c.value.shape.num_elements() if isinstance(c.value, tf.Tensor) else None for c in outputs]
     known = [n for n in sizes if n is not None]
-    if len(known) < len(sizes) or sum(known) > transposition.SMALL_Y:
+    if len(known) < len(sizes) or sum(known) > transposition.SMALL_Y or _replicated():
         return False
     return all(_real_or_all_complex(plan, i) for i in plan.outputs.differentiable)
 
@@ -432,13 +444,15 @@ _TERMS = {
 }
 
 
-def _eager_signature(plan: _Plan, kwargs: dict[str, Any]) -> Hashable | None:
-    """In eager mode, what tf.function would key a trace of this call by: the shapes and dtypes of the tensors
-    and the constant arguments. None while tracing, or where keyword arguments or an unhashable constant
-    leave it unknown."""
+def _eager_signature(plan: _Plan, kwargs: dict[str, Any], require_proof: bool) -> Hashable | None:
+    """In eager mode, what the route is kept by: the function (``function_identity``), the options, whether in a
+    replica context, and what tf.function would key a trace of this call by (the shapes and dtypes of the
+    tensors and the constant arguments). None while tracing, or where keyword arguments or an unhashable
+    constant leave it unknown."""
     if kwargs or not tf.executing_eagerly():
         return None
-    key = tuple(_spec(c) for c in plan.arguments.components + plan.outputs.components)
+    specs = tuple(_spec(c) for c in plan.arguments.components + plan.outputs.components)
+    key = function_identity.key(plan.f), plan.order, require_proof, _replicated(), specs
     try:
         hash(key)
     except TypeError:  # a NumPy array, a list
@@ -453,7 +467,7 @@ def _spec(component: Component) -> Hashable:
     value = component.value
     if isinstance(value, tf.Tensor):
         return tuple(value.shape.as_list()), value.dtype
-    return value if _hashable(value) else id(value)  # an object (self) by identity, as tf.function keys it
+    return value if _hashable(value) else function_identity.same(value)  # self by identity, as tf.function
 
 
 def _hashable(value: Any) -> bool:
@@ -467,18 +481,31 @@ def _hashable(value: Any) -> bool:
 # ---------------------------------------------------------------- the pipeline
 
 
-def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int, require_proof: bool,
-           routes: bounded_cache.BoundedCache[transposition.Route]) -> Any:
+def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int,
+           require_proof: bool) -> Any:
     """evaluate f → choose the route → build the zero terms → attach them to y."""
     plan = _evaluate(f, args, kwargs, order)
     if not plan.outputs.differentiable or not (plan.arguments.differentiable or plan.variables):
         return plan.outputs.structure  # nothing to differentiate: no grad_fn call, as tf.custom_gradient
+    if _unwatched(plan):
+        return plan.outputs.structure  # no tape or accumulator can ever ask for this call's derivative
     probe = None if tf.executing_eagerly() else _probe(plan, persistent=True, watch=not _one_element(plan))
-    route = _route(plan, probe, routes, _eager_signature(plan, kwargs), require_proof)
+    route = _route(plan, probe, _eager_signature(plan, kwargs, require_proof), require_proof)
     terms = _TERMS[route](plan, probe)
     if order == 1 and _EVALUATING.get() is None:
         _guard_second_derivatives(plan, terms)
     return plan.with_terms(terms)
+
+
+def _unwatched(plan: _Plan) -> bool:
+    """Eagerly, whether nothing records the arguments and grad_fn gives no variable's gradient: a tape is
+    active, but for other tensors (a decorated call inside another's f, whose arguments were stopped)."""
+    if not tf.executing_eagerly() or plan.variables:
+        return False
+    components = [plan.arguments.components[i] for i in plan.arguments.differentiable]
+    if any(gradient_components.is_variable_or_composite(c.value) for c in components):
+        return False  # a variable is watched when it is read, not as a tensor
+    return not _tf_internal.gradient_possible([c.tensor for c in components])
 
 
 def _guard_second_derivatives(plan: _Plan, terms: dict[int, list[tf.Tensor]]) -> None:
@@ -529,9 +556,11 @@ def _needs_embedding(f: Callable[..., Any], evaluating: _Evaluating | None, args
     constants is embedded only in a graph, where ``tf.gradients`` may still
     differentiate it without a tape (TFP's ``value_and_gradient`` does, inside
     Student-t's CDF gradient), and only where f's own grad_fn is not running:
-    calling f alone ends a recursion (erfcx' = 2x·erfcx − 2/√π). Inside a
-    grad_fn of order 2, whose arguments move with x, calls are embedded at
-    order 1, so a recursion there is two deep.
+    calling f alone ends a recursion (erfcx' = 2x·erfcx − 2/√π; a Bessel
+    function's gradient at order v ± 1). "f's own" is ``function_identity``'s,
+    since TFP's factory wraps f anew at every call. Inside a grad_fn of order
+    2, whose arguments move with x, calls are embedded at order 1, so a
+    recursion there is two deep.
     """
     if evaluating is None or evaluating.order == 2:
         return True
@@ -539,7 +568,7 @@ def _needs_embedding(f: Callable[..., Any], evaluating: _Evaluating | None, args
     if any(gradient_components.is_variable_or_composite(leaf) for leaf in leaves):
         return True  # a variable, ragged or sparse value: its own recording is not asked, so it is embedded
     if not _tf_internal.should_record_backprop([leaf for leaf in leaves if isinstance(leaf, tf.Tensor)]):
-        return not tf.executing_eagerly() and id(f) not in evaluating.running
+        return not tf.executing_eagerly() and function_identity.key(f) not in evaluating.running
     if evaluating.depth >= MAX_DEPTH:
         raise ValueError(
             f"grad_fns call decorated functions on their upstream gradients {MAX_DEPTH} deep: gradients that call "
@@ -548,9 +577,6 @@ def _needs_embedding(f: Callable[..., Any], evaluating: _Evaluating | None, args
             "custom_gradient(fx, jacobian, x)."
         )
     return True
-
-
-SIGNATURES_KEPT = 256  # input signatures per decorated function whose route eager mode keeps
 
 
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
@@ -565,8 +591,6 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
 
     # A root name scope must start with a letter, digit or '.': '_f' and '<lambda>' would be refused.
     scope = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(f, "__name__", "")).lstrip("_") or "custom_gradient"
-    # eager mode: the route per input signature
-    routes: bounded_cache.BoundedCache[transposition.Route] = bounded_cache.BoundedCache(SIGNATURES_KEPT)
 
     def embedded(status: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         token = _tf_internal.AUTOGRAPH_STATUS.set(status)
@@ -578,8 +602,8 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
                 if value_only_mode.active():
                     return _value_alone(f, args, kwargs)
                 if evaluating is None:
-                    return _embed(f, args, kwargs, order, check_linearity, routes)
-                return _boxed(evaluating, lambda: _embed(f, args, kwargs, 1, check_linearity, routes))
+                    return _embed(f, args, kwargs, order, check_linearity)
+                return _boxed(evaluating, lambda: _embed(f, args, kwargs, 1, check_linearity))
         finally:
             _tf_internal.AUTOGRAPH_STATUS.reset(token)
 

@@ -92,7 +92,17 @@ def _no_fence(original):
     return lambda v, watched, order, name: v
 
 
+def _by_id(original):
+    from stopgrad_math.function_identity import same
+    return lambda f, depth=2: same(f)  # each of TFP's fresh wrappers another function
+
+
+def _never_replicated(original):
+    return lambda: False
+
+
 _JAX = "tests/test_jax_decorator_form.py"
+_INSIDE_TFP = "tests/test_inside_tfp.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
 MUTANTS = {
     "scale_gradient refuses every call": Mutant(
@@ -120,6 +130,13 @@ MUTANTS = {
     "the JAX decorator never guards second derivatives": Mutant(
         "stopgrad_math.jax.second_derivative_guard", "guarded", _no_fence,
         (f"{_JAX}::test_order_1_second_derivatives_raise_naming_order_2",)),
+    "a decorated function is known by its id": Mutant(
+        "stopgrad_math.function_identity", "key", _by_id,
+        (f"{_INSIDE_TFP}::test_a_recursive_bessel_gradient_under_tf_function_ends_its_recursion",
+         f"{_INSIDE_TFP}::test_eager_calls_after_the_first_trace_nothing")),
+    "a replica context takes grad_fn(1) for J": Mutant(
+        "stopgrad_math.decorator_form", "_replicated", _never_replicated,
+        (f"{_INSIDE_TFP}::test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise",)),
 }
 
 ENVIRONMENT = "STOPGRAD_MUTANT"

@@ -1088,3 +1088,32 @@ def test_forward_mode_of_several_structured_outputs_is_the_jacobian_times_the_ta
     got = in_mode(jvps, mode)(x, tangent)
     np.testing.assert_allclose(got["a"], tangent.numpy() * [1.0, -1.0, 0.0, 2.0, 1.0])  # J = diag(c), by hand
     np.testing.assert_allclose(got["b"][0], 2.0 * tangent.numpy())
+
+
+def test_eagerly_a_call_that_no_tape_or_accumulator_watches_calls_no_grad_fn():
+    """A tape watching other tensors (a decorated call inside another's f, on stopped arguments) cannot ask for
+    this call's derivative: f's value alone, no grad_fn (it cost TFP's Bessel functions a second grad_fn each).
+    An accumulator on x still gets grad_fn's Jacobian."""
+    calls = []
+
+    @custom_gradient
+    def doubled(x):
+        def grad(dy):
+            calls.append(dy)
+            return 3 * dy  # deliberately not f's own derivative, so that only grad_fn can give 3
+
+        return 2 * x, grad
+
+    x, other = tf.constant([1.0, 2.0]), tf.constant(3.0)
+    with tf.GradientTape() as tape:
+        tape.watch(other)
+        y = doubled(x)
+    assert not calls
+    np.testing.assert_array_equal(y, [2.0, 4.0])
+    with tf.autodiff.ForwardAccumulator(x, tf.ones(2)) as accumulator:
+        y = doubled(x)
+    np.testing.assert_array_equal(accumulator.jvp(y), [3.0, 3.0])
+    with tf.GradientTape() as tape:
+        tape.watch([x, other])
+        y = doubled(x)
+    np.testing.assert_array_equal(tape.gradient(y, x), [3.0, 3.0])

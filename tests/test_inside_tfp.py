@@ -1,22 +1,24 @@
 """The decorator standing in for tf.custom_gradient inside TFP's own custom-gradient factory, side by side.
 
-TFP builds its TensorFlow gradients with ``tf.custom_gradient``, called from one factory
-(``tensorflow_probability.python.internal.custom_gradient``) each time a decorated function runs. Patching
-that one name runs TFP's real code on the library: Student-t's CDF gradient, which differentiates betainc
-with ``value_and_gradient`` inside its grad_fn (a tape in eager mode, ``tf.gradients`` in a graph); von
-Mises' implicit sample gradient; and mixture-same-family's ``PreventGradient`` on the upstream.
+TFP's factory (``tfp_patch``) wraps each decorated function anew at every call, and its functions' gradients
+call other decorated functions: Student-t's CDF gradient differentiates betainc with ``value_and_gradient``
+inside its grad_fn (a tape in eager mode, ``tf.gradients`` in a graph); a Bessel function's gradient calls
+itself at order v ± 1; von Mises' sample gradient is implicit; mixture-same-family puts ``PreventGradient`` on
+the upstream; the sharded log-prob parts pair a psum whose gradient is a broadcast with a broadcast whose
+gradient is a psum. ``test_tfp_sweep`` runs every function that reaches the factory; this module holds the cases
+that once regressed, and the limits.
 """
 
-import types
+import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
+import tfp_inside
 from helpers import MODES
-from tensorflow_probability.python.internal import custom_gradient as tfp_factory
-
-import stopgrad_math
+from tensorflow_probability.python.internal import distribute_lib
+from tfp_patch import on_the_library
 
 tfd = tfp.distributions
 ALL_MODES = [*MODES, "tf1"]
@@ -35,13 +37,8 @@ def _run(fn, args, mode):
 
 def _on_the_library(fn, args, mode):
     """fn's numbers with TFP's factory on the library's decorator."""
-    namespace = types.SimpleNamespace(**{name: getattr(tf, name) for name in dir(tf) if not name.startswith("__")})
-    namespace.custom_gradient = stopgrad_math.custom_gradient
-    tfp_factory.tf = namespace
-    try:
+    with on_the_library():
         return _run(fn, args, mode)
-    finally:
-        tfp_factory.tf = tf
 
 
 def _ours_and_tfps(fn, args, mode):
@@ -124,3 +121,114 @@ def test_mixture_same_familys_second_derivative_raises_as_tfps():
         _run(second, (np.float32([-1.0, 2.0]),), "eager")
     with pytest.raises(LookupError, match=r"custom_gradient\(order=2\)"):
         _on_the_library(second, (np.float32([-1.0, 2.0]),), "eager")
+
+
+# ---------------------------------------------------------------- the functions that regressed (issue 31)
+# Through TFP's factory, which wraps f anew at every call, the rule that ends a recursion took each wrapper for a
+# new function (RecursionError under tf.function) and eager mode traced grad_fn at every call (75x TFP's time).
+
+_Z = tfp_inside.POINT
+REGRESSED = tfp_inside.REGRESSED
+_value_and_gradient = tfp_inside.value_and_gradient
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", REGRESSED)
+def test_the_functions_that_regressed_give_tfps_value_and_gradient(name, mode):
+    """Value bit for bit, gradient to float32's rounding (XLA and the transpose sum in their own order), and
+    the gradient checked against float64 central differences of TFP's own value, an independent truth."""
+    fn = REGRESSED[name]
+    got, want = _ours_and_tfps(_value_and_gradient(fn), (_Z,), mode)
+    assert np.asarray(got[0]).view(np.uint32) == np.asarray(want[0]).view(np.uint32)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
+    step = 1e-3
+    numeric = [(float(tf.reduce_sum(fn(tf.constant(_Z + step * e, tf.float32)))) -
+                float(tf.reduce_sum(fn(tf.constant(_Z - step * e, tf.float32))))) / (2 * step) for e in np.eye(3)]
+    np.testing.assert_allclose(got[1], numeric, rtol=5e-2, atol=1e-3)
+
+
+def test_a_recursive_bessel_gradient_under_tf_function_ends_its_recursion():
+    """log_bessel_kve's gradient calls log_bessel_kve at v ± 1 on constants: each call is a fresh wrapper from
+    TFP's factory, and the same function (``function_identity``), so it is called alone, not embedded again."""
+    fn = tf.function(_value_and_gradient(REGRESSED["log_bessel_kve([1.5, 2.5, 0.5], z)"]))
+    with on_the_library() as calls:
+        fn(tf.constant(_Z))
+    # The call and its gradient's calls at v ± 1, embedded once, theirs called alone (16 on TFP 0.25); it was
+    # without end, until Python's recursion limit.
+    assert 2 <= calls.count <= 32
+
+
+def test_eager_calls_after_the_first_trace_nothing(monkeypatch):
+    """The route is kept per function and signature across TFP's fresh wrappers: a second eager call traces no
+    grad_fn (it traced one at every call)."""
+    from stopgrad_math import bounded_cache, decorator_form, transposition
+
+    traced = []
+    original = transposition.trace
+    monkeypatch.setattr(transposition, "trace", lambda *a: traced.append(1) or original(*a))
+    monkeypatch.setattr(decorator_form, "_ROUTES", bounded_cache.BoundedCache(decorator_form.ROUTES_KEPT))
+    with on_the_library():
+        fn = _value_and_gradient(REGRESSED["log_bessel_ive([1.5, 2.5, 0.5], z)"])
+        fn(tf.constant(_Z))
+        first = len(traced)
+        fn(tf.constant(_Z))
+    assert first >= 1 and len(traced) == first
+
+
+# ---------------------------------------------------------------- the sharded log-prob parts in a replica context
+
+
+def _sharded_log_prob_gradient(mode):
+    """TFP's LogProbPartsTest with a global w and a local x on two replicas: each replica's gradient for w is the
+    sum over replicas (-2 here), for x its own."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+    def replica(w, x, data):
+        def parts(values):
+            w, x, data = values
+            return [tfd.Normal(0.0, 1.0).log_prob(w), tfd.Normal(w, 1.0).log_prob(x),
+                    tfd.Normal(x, 1.0).log_prob(data)]
+
+        def log_prob(w, x):
+            sharded = distribute_lib.make_sharded_log_prob_parts(parts, [None, "i", "i"])
+            return tf.add_n(sharded([w, x, data]))
+
+        return tfp.math.value_and_gradient(log_prob, [w, x])[1]
+
+    x = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.cast(context.replica_id_in_sync_group, tf.float32))
+    data = strategy.experimental_distribute_values_from_function(lambda context: tf.constant(2.0))
+    run = replica if mode == "eager" else tf.function(replica, autograph=False)
+    gradients = strategy.run(run, (tf.constant(1.0), x, data))
+    return [[float(v) for v in strategy.experimental_local_results(g)] for g in gradients]
+
+
+_SHARDED = """
+import conftest  # two logical CPUs
+import pytest, test_inside_tfp as t
+from tfp_patch import on_the_library
+assert t._sharded_log_prob_gradient({mode!r}) == [[-2.0, -2.0], [3.0, 1.0]]  # TFP's own, and the truth
+with on_the_library(), pytest.raises(ValueError, match="call each other on the upstream"):
+    t._sharded_log_prob_gradient({mode!r})
+print("refused")
+"""
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise(mode):
+    """Was silently each replica's own gradient for w ([-3, -1]) in eager mode. grad_fn(1) is not J where
+    grad_fn holds a collective, so a replica context takes the transpose; TFP's psum and broadcast call each
+    other on the upstream there without end, which the decorator refuses by name. The truth: d/dw = -w +
+    Σ(x - w) = -1 - 1 + 0 on each replica; d/dx = (data - x) - (x - w), each replica's own.
+
+    In a process of its own: an error raised between an eager replica's collectives leaves TensorFlow's
+    collective executor cancelled for every later MirroredStrategy run in the process."""
+    import pathlib
+    import subprocess
+    import sys
+
+    tests = pathlib.Path(__file__).parent
+    path = os.pathsep.join([str(tests), str(tests.parent / "benchmarks")])
+    result = subprocess.run([sys.executable, "-c", _SHARDED.format(mode=mode)], capture_output=True, text=True,
+                            cwd=tests, env={**os.environ, "PYTHONPATH": path}, check=False, timeout=300)
+    assert result.stdout.strip().endswith("refused"), result.stderr[-3000:]

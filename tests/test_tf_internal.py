@@ -97,3 +97,17 @@ def test_a_higher_order_gradient_is_possible_under_two_watchers_or_a_persistent_
         assert _tf_internal.higher_order_gradient_possible([x])
     with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)):
         assert not _tf_internal.higher_order_gradient_possible([x])
+
+
+def test_a_gradient_is_possible_where_a_tape_or_an_accumulator_watches_a_tensor():
+    x, other = tf.constant(2.0), tf.constant(3.0)
+    assert not _tf_internal.gradient_possible([x])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        assert _tf_internal.gradient_possible([x])
+        assert _tf_internal.gradient_possible([other, x])
+        assert not _tf_internal.gradient_possible([other])  # a tape, but not on it: nothing can ask
+    with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)):
+        assert _tf_internal.gradient_possible([x])
+        assert not _tf_internal.should_record_backprop([x])  # why the tapes alone do not answer it
+        assert not _tf_internal.gradient_possible([other])
