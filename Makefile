@@ -8,7 +8,7 @@ DEPS := setup.cfg pyproject.toml
 OLDEST := .venv-oldest
 OLDEST_PINS := .ci/oldest.txt
 
-.PHONY: demo test test-oldest test-mutants lint docs bench clean
+.PHONY: demo test test-oldest test-mutants test-tfp-sweep lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ test: lint docs
 test-mutants: $(VENV)/.installed-test
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python tests/mutants.py
 
+# Every TFP function that reaches its custom-gradient factory, on the library's decorator beside TFP as it is, in
+# eager mode, tf.function and XLA, with second derivatives (make test runs the eager part).
+test-tfp-sweep: $(VENV)/.installed-test
+	STOPGRAD_TFP_SWEEP=full TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest -n 2 -ra tests/test_tfp_sweep.py
+
 # The same suite in an environment of the oldest versions setup.cfg allows; pip's cache is shared with .venv.
 $(OLDEST)/bin/python:
 	$(PYTHON) -m venv $(OLDEST)
@@ -56,6 +61,7 @@ test-oldest: $(OLDEST)/.installed
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/jax_run.py
+	$(BIN)/python benchmarks/tfp_inside.py
 
 clean:
 	rm -rf $(VENV) $(OLDEST) build site .cache .mypy_cache *.egg-info .pytest_cache .ruff_cache .hypothesis

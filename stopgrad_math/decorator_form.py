@@ -603,7 +603,8 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
                     return _value_alone(f, args, kwargs)
                 if evaluating is None:
                     return _embed(f, args, kwargs, order, check_linearity)
-                return _boxed(evaluating, lambda: _embed(f, args, kwargs, 1, check_linearity))
+                inner = _inner_order(f, evaluating)
+                return _boxed(evaluating, lambda: _embed(f, args, kwargs, inner, check_linearity))
         finally:
             _tf_internal.AUTOGRAPH_STATUS.reset(token)
 
@@ -623,6 +624,15 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
         decorated.__name__ = decorated.__qualname__ = "custom_gradient_of_lambda"
     decorated.undecorated = f  # type: ignore[attr-defined]  # a function attribute, as tf.function's python_function
     return decorated
+
+
+def _inner_order(f: Callable[..., Any], evaluating: _Evaluating) -> int:
+    """The order of a decorated call inside a grad_fn. Inside one of order 2, whose arguments move with x, a call
+    is embedded at order 2 too: a grad_fn that differentiates it (Student-t's CDF, betainc's gradient through
+    ``value_and_gradient``) needs its second derivative. A call of a function whose grad_fn is running already
+    (erfcx' = 2x·erfcx − 2/√π) is embedded at order 1, which ends the recursion: only its first derivative
+    enters a second derivative there."""
+    return 2 if evaluating.order == 2 and function_identity.key(f) not in evaluating.running else 1
 
 
 def _boxed(evaluating: _Evaluating, embed: Callable[[], Any]) -> Any:

@@ -232,3 +232,29 @@ def test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise(mode):
     result = subprocess.run([sys.executable, "-c", _SHARDED.format(mode=mode)], capture_output=True, text=True,
                             cwd=tests, env={**os.environ, "PYTHONPATH": path}, check=False, timeout=300)
     assert result.stdout.strip().endswith("refused"), result.stderr[-3000:]
+
+
+def test_student_t_cdf_second_derivative_at_order_2_differentiates_betaincs_gradient_to_second_order():
+    """Student-t's CDF gradient in df is betainc's gradient in (a, b), taken by value_and_gradient inside
+    grad_fn: a second derivative needs betainc's second derivative, so a call inside a grad_fn of order 2 is
+    embedded at order 2 too (at order 1 its J was a constant there: 0.0042 for the truth 0.0208). The truth:
+    float64 central differences of TFP's own first derivative; TFP's second derivative is the same here."""
+    df, t = np.float32([2.5, 4.0, 7.0]), np.float32([0.2, 0.5, 0.8])
+
+    def second(df, t, dtype=tf.float32):
+        df = tf.constant(df, dtype)
+        with tf.GradientTape() as outer:
+            outer.watch(df)
+            with tf.GradientTape() as inner:
+                inner.watch(df)
+                y = tf.reduce_sum(tfd.StudentT(df, 0.0, 1.0).cdf(tf.constant(t, dtype)))
+            first = tf.reduce_sum(inner.gradient(y, df))
+        return outer.gradient(first, df).numpy(), first.numpy()
+
+    with on_the_library(order=2):
+        got = second(df, t)[0]
+    h = 1e-5
+    truth = [(second(df.astype(np.float64) + h * e, t, tf.float64)[1] -
+              second(df.astype(np.float64) - h * e, t, tf.float64)[1]) / (2 * h) for e in np.eye(3)]
+    np.testing.assert_allclose(got, truth, rtol=1e-2, atol=1e-5)
+    np.testing.assert_allclose(got, second(df, t)[0], rtol=1e-3)  # TFP's own
