@@ -559,8 +559,8 @@ def _needs_embedding(f: Callable[..., Any], evaluating: _Evaluating | None, args
     calling f alone ends a recursion (erfcx' = 2x·erfcx − 2/√π; a Bessel
     function's gradient at order v ± 1). "f's own" is ``function_identity``'s,
     since TFP's factory wraps f anew at every call. Inside a grad_fn of order
-    2, whose arguments move with x, calls are embedded at order 1, so a
-    recursion there is two deep.
+    2, whose arguments move with x, every call is embedded, at the order
+    ``_inner_order`` gives.
     """
     if evaluating is None or evaluating.order == 2:
         return True
