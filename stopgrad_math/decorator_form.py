@@ -636,8 +636,8 @@ def _inner_order(f: Callable[..., Any], evaluating: _Evaluating) -> int:
 
 
 def _boxed(evaluating: _Evaluating, embed: Callable[[], Any]) -> Any:
-    """A decorated call on the upstream inside a grad_fn (at order 1: a grad_fn's own derivative is first
-    order); while tracing, its ops are kept as one box for the route of the grad_fn that makes it."""
+    """A decorated call inside a grad_fn, embedded at ``_inner_order``'s order; while tracing, its ops are kept
+    as one box for the route of the grad_fn that makes it."""
     if tf.executing_eagerly():
         return embed()
     graph = tf.compat.v1.get_default_graph()

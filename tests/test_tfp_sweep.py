@@ -227,9 +227,9 @@ def _differentiated(fn, arguments):
     return [name for name, g in zip(arguments, tape.gradient(y, tensors), strict=True) if g is not None]
 
 
-def _second_derivative(fn, arguments, sources, dtype=tf.float32):
+def _second_derivative(fn, arguments, sources):
     """The derivative of Σ of the first derivatives of Σ fn by the ``sources``, by each source."""
-    tensors = {name: tf.constant(v, dtype) for name, v in arguments.items()}
+    tensors = {name: tf.constant(v, tf.float32) for name, v in arguments.items()}
     watched = [tensors[name] for name in sources]
     with tf.GradientTape() as outer:
         outer.watch(watched)

@@ -84,7 +84,7 @@ def _is_custom_gradient_definition(node: ast.AST, aliases: set[str]) -> bool:
 Key = tuple[str, str, "str | None"]  # module, function or class, method
 
 
-def _aliases(module: str, tree: ast.Module, modules: set[str]) -> dict[str, tuple[str, str | None]]:
+def _aliases(tree: ast.Module, modules: set[str]) -> dict[str, tuple[str, str | None]]:
     """What each imported name of a module stands for: (a module, None) or (a module, a name in it)."""
     bound: dict[str, tuple[str, str | None]] = {}
     for node in tree.body:
@@ -134,7 +134,7 @@ def _edges(trees: dict[str, ast.Module], nodes: dict[Key, ast.AST]) -> dict[Key,
     """For each definition, the definitions its body refers to, a package's re-exports followed to the
     definition (tfp.math.betainc is math.special.betainc)."""
     modules = set(trees)
-    aliases = {module: _aliases(module, tree, modules) for module, tree in trees.items()}
+    aliases = {module: _aliases(tree, modules) for module, tree in trees.items()}
     exported = {(package, name): target for package, bound in aliases.items()
                 for name, target in bound.items() if target[1] is not None}
 
