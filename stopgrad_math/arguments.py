@@ -1,7 +1,8 @@
 """custom_gradient's arguments, read alike in both namespaces.
 
 Which form a call is, and which of a decorated function's arguments are
-differentiable: the positional ones; keyword arguments are constants, unless every
+differentiable: the positional ones; keyword arguments are constants (each namespace
+makes a derivative that reaches one raise, naming it), unless every
 argument is a keyword: then those that name positional parameters are bound
 as positional, as the call ``f(x=1.0)`` means ``f(1.0)``.
 """
@@ -21,6 +22,14 @@ def positional(f: Callable[..., Any], args: tuple[Any, ...],
         return args, kwargs
     bound = inspect.signature(f).bind(**kwargs)
     return bound.args, bound.kwargs
+
+
+def names(f: Callable[..., Any], count: int, by_keyword: bool) -> list[str]:
+    """How errors name the ``count`` positional arguments of a call: ``args[k]``, or where the call gave every
+    argument by keyword (bound as positional by ``positional``), the parameters' names."""
+    if by_keyword:
+        return list(inspect.signature(f).parameters)[:count]
+    return [f"args[{k}]" for k in range(count)]
 
 
 def require_gx_and_x(gx: Any, x: Any) -> None:

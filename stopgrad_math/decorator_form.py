@@ -68,9 +68,22 @@ def _stopped(flat: Flattened) -> Any:
     return flat.with_tensors({i: flat.components[i].stopped for i in flat.differentiable})
 
 
-def _constants(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments with every tensor and variable in them stopped: they are constants."""
-    return _stopped(Flattened.of(kwargs, "kwargs")) if kwargs else kwargs  # the common {} without nest's cost
+_KEYWORD = ("{label} is a keyword argument of {name}, which the decorator holds constant: grad_fn returns "
+            "gradients of the positional arguments alone, so a derivative w.r.t. {label} would be a silent 0. Pass "
+            "it positionally and return its gradient from grad_fn, or stop it (tf.stop_gradient).")
+
+
+def _constants(f: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments, constants: every tensor and variable in them held by a PreventGradient, so that a
+    tape or accumulator differentiating one raises, naming it, where a stop would give a silent 0."""
+    held = {}
+    for keyword, value in kwargs.items():
+        flat = Flattened.of(value, keyword)
+        message = {i: _KEYWORD.format(label=flat.components[i].name, name=getattr(f, "__name__", repr(f)))
+                   for i in flat.differentiable}
+        held[keyword] = flat.with_tensors({
+            i: tf.raw_ops.PreventGradient(input=flat.components[i].tensor, message=message[i]) for i in message})
+    return held
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +158,7 @@ def _outputs(y: Any) -> Flattened:
 def _evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int) -> _Plan:
     args, kwargs = arguments_of.positional(f, args, kwargs)
     arguments = Flattened.of(list(args), "args")
-    kwargs = _constants(kwargs)
+    kwargs = _constants(f, kwargs)
     stopped = {i: arguments.components[i].stopped for i in arguments.differentiable}
     at = dict(zip(stopped, identity.unreachable(list(stopped.values())), strict=True)) if order == 1 else stopped
     if order == 2:

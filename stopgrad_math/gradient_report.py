@@ -25,6 +25,7 @@ class ArgumentReport:
     checked: int  # elements compared
     skipped: int  # elements where fn or its finite difference is not finite
     numeric_dtype: str  # float64, or the argument's dtype where fn cannot take float64
+    leaf: str = ""  # where in the argument, for a nest or pytree: "['scale']", "[0]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +50,14 @@ class GradientReport:
     def __str__(self) -> str:
         if not self.rows:
             return "nothing was checked: fn has no floating argument"
-        header = f"{'arg':>4} {'mode':>8} {'ok':>3} {'max abs err':>12} {'max rel err':>12} {'worst at':>10}"
+        header = f"{'arg':>10} {'mode':>8} {'ok':>3} {'max abs err':>12} {'max rel err':>12} {'worst at':>10}"
         header += f" {'computed':>13} {'numeric':>13} {'checked':>8} {'skipped':>8} {'differences in':>14}"
         legend = "computed, numeric: the derivative of ⟨w, fn(*args)⟩ at the worst element, w fixed random weights"
         lines = [header]
         for r in self.rows:
             where = "-" if r.worst_index is None else str(list(r.worst_index))
             lines.append(
-                f"{r.argument:>4} {r.mode:>8} {'yes' if r.passed else 'NO':>3} {r.max_abs_error:>12.4g} "
+                f"{str(r.argument) + r.leaf:>10} {r.mode:>8} {'yes' if r.passed else 'NO':>3} {r.max_abs_error:>12.4g} "
                 f"{r.max_rel_error:>12.4g} {where:>10} {r.computed:>13.6g} {r.numeric:>13.6g} "
                 f"{r.checked:>8} {r.skipped:>8} {r.numeric_dtype:>14}"
             )

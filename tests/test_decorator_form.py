@@ -371,6 +371,30 @@ def test_keyword_arguments_are_constants_inside_tf_function(mode):
         tf.function(lambda x: vjp(lambda x: anchor(x, exponent=3.0), x))(x)
 
 
+def test_a_keyword_argument_that_is_differentiated_raises_naming_it(mode):
+    """A keyword argument has no gradient from grad_fn: a tape or accumulator on it raises, naming it (its
+    truth, d/de x**e = x**e·log x, is nowhere in grad_fn), where a stop gave a silent 0."""
+    x, exponent = tf.constant([1.0, 2.0]), tf.constant(3.0)
+
+    def through_exponent(e):
+        with tf.GradientTape() as tape:
+            tape.watch(e)
+            y = power(x, exponent=e)
+        return tape.gradient(y, e)
+
+    with pytest.raises(Exception, match="exponent is a keyword argument of power") as caught:
+        in_mode(through_exponent, mode)(exponent)
+    assert isinstance(caught.value, LookupError) or "LookupError" in str(caught.value)
+    accumulator = tf.autodiff.ForwardAccumulator(exponent, tf.constant(1.0))
+    with accumulator, pytest.raises(LookupError, match="exponent is a keyword argument"):
+        power(x, exponent=exponent)
+    variable = tf.Variable(3.0)
+    with tf.GradientTape() as tape:
+        y = power(x, exponent=variable)
+    with pytest.raises(LookupError, match="exponent is a keyword argument"):
+        tape.gradient(y, variable)
+
+
 def test_every_argument_a_keyword_keeps_the_custom_gradient():
     @custom_gradient
     def clipped_identity(x):

@@ -45,7 +45,7 @@ def test_a_nan_derivative_where_the_function_is_finite_fails():
 
 def test_several_arguments_and_outputs_and_a_non_floating_argument():
     fn = lambda a, b, n: (a * b, {"s": jnp.sin(a) * n})  # noqa: E731
-    report = sgm.check_gradient(fn, jnp.array([0.5, 1.0]), [2.0, -1.0], 3)
+    report = sgm.check_gradient(fn, jnp.array([0.5, 1.0]), jnp.array([2.0, -1.0]), 3)
     assert report.passed and sorted({row.argument for row in report.rows}) == [0, 1]
 
 
@@ -55,3 +55,15 @@ def test_nothing_to_check_never_passes_and_complex_is_refused():
         sgm.check_gradient(jnp.exp, jnp.array([1.0 + 1.0j]))
     with pytest.raises(ValueError, match="step must be a finite number above 0"):
         sgm.check_gradient(jnp.sin, jnp.ones(2), step=0.0)
+
+
+def test_arguments_are_pytrees_each_leaf_checked_and_named():
+    report = sgm.check_gradient(lambda p, t: p["a"] * jnp.sin(p["b"]) + t[0] * t[1],
+                                {"a": jnp.array(2.0), "b": jnp.array([0.1, 0.3])}, (jnp.ones(2), 3.0 * jnp.ones(2)))
+    assert report.passed
+    assert sorted({(row.argument, row.leaf) for row in report.rows}) == [(0, "['a']"), (0, "['b']"), (1, "[0]"),
+                                                                         (1, "[1]")]
+    assert "0['b']" in str(report)
+    wrong = sgm.check_gradient(lambda t: sgm.custom_gradient(t[0] * t[1], 5.0 * t[1], t[0]), (2.0, 3.0))
+    assert not wrong.passed  # a tuple is two leaves, not one stacked array: each leaf's wrong gradient is found
+    assert sorted(row.leaf for row in wrong.rows if not row.passed) == ["[0]", "[0]", "[1]", "[1]"]

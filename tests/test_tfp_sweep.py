@@ -23,16 +23,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tfp_sources
-from helpers import in_mode
+from helpers import COMPILED_ULPS, in_mode
 from tfp_patch import on_the_library
 
 FULL = os.environ.get("STOPGRAD_TFP_SWEEP") == "full"
 
-# Compiled, f's ops are fused with what else the program holds (grad_fn's ops, here; TFP's IdentityN there), and
-# fused float32 arithmetic rounds by the fusion: measured, 1 ulp (NoncentralChi2.sample under XLA) and 3 ulps
-# (log_bessel_kve under tf.function), as TFP's own log_bessel_ive moves by 1 ulp between eager mode and
-# tf.function. Eagerly every op runs alone, and the value is TFP's bit for bit.
-COMPILED_ULPS = 8
 
 # One valid point per parameter name, three elements (float32), inside every swept function's domain that
 # uses the name: x and p are probabilities, z and v Bessel arguments and orders, the rest positive parameters.

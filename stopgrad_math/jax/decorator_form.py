@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core
+from jax.extend import linear_util as lu
+from jax.interpreters import partial_eval as pe
 
 from stopgrad_math import arguments as arguments_of
 from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard
@@ -83,6 +85,14 @@ class _Leaves:
     differentiable: list[int]
 
     @classmethod
+    def of_arguments(cls, args: tuple[Any, ...], names: list[str]) -> _Leaves:
+        """The leaves of the positional arguments, each labelled by its argument's name and path."""
+        leaves = cls.of(list(args), "args")
+        leaves.labels = [f"{name}{jax.tree_util.keystr(path)}" for name, argument in zip(names, args, strict=True)
+                         for path, _ in jax.tree_util.tree_flatten_with_path(argument)[0]]
+        return leaves
+
+    @classmethod
     def of(cls, tree: Any, prefix: str) -> _Leaves:
         pairs, structure = jax.tree_util.tree_flatten_with_path(tree)
         values = [v for _, v in pairs]
@@ -96,13 +106,21 @@ class _Leaves:
         return jax.tree_util.tree_unflatten(self.structure, values)
 
 
-def _stopped_constants(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments are constants: their arrays stopped."""
-    if not kwargs:
-        return kwargs
-    leaves = _Leaves.of(kwargs, "kwargs")
-    stopped: dict[str, Any] = leaves.with_values({k: identity.stop(leaves.values[k]) for k in leaves.differentiable})
-    return stopped
+_KEYWORD = ("{label} is a keyword argument of {name}, which the decorator holds constant: its vjp returns "
+            "cotangents of the positional arguments alone, so a derivative w.r.t. {label} would be a silent 0. "
+            "Pass it positionally and return its cotangent from the vjp, or stop it (jax.lax.stop_gradient).")
+
+
+def _held_constant(f: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments are constants: the vjp gives cotangents of the positional arguments alone. Each
+    floating leaf is held by the guard's fence, so that differentiating it raises, naming it, rather than giving
+    a silent zero."""
+    held = {}
+    for keyword, value in kwargs.items():
+        leaves = _Leaves.of(value, keyword)
+        held[keyword] = leaves.with_values({k: second_derivative_guard.held_constant(
+            leaves.values[k], _KEYWORD.format(label=leaves.labels[k], name=_name(f))) for k in leaves.differentiable})
+    return held
 
 
 # ---------------------------------------------------------------- the VJP, traced and proven linear
@@ -123,25 +141,44 @@ class _LinearMap:
         return [results[j] for j in self.kept]
 
 
-def _cotangent_of_each_argument(result: Any, count: int, f: Callable[..., Any]) -> list[Any]:
+def _cotangent_of_each_argument(result: Any, args: tuple[Any, ...], names: list[str],
+                                f: Callable[..., Any]) -> list[Any]:
     """vjp's answer as one cotangent pytree (or None) per positional argument: a tuple of one per argument, or
     for one argument its cotangent alone."""
     sequence = isinstance(result, (tuple, list))
+    count = len(args)
     if count == 1:
-        return [result[0]] if sequence and len(result) == 1 else [result]
-    if not sequence or len(result) != count:
-        raise ValueError(f"The vjp of {_name(f)} returned {len(result) if sequence else 1} cotangents for {count} "
-                         "positional arguments: it returns a tuple with one per argument (None for no gradient).")
-    return list(result)
+        if sequence and len(result) == 1:
+            return [result[0]]
+        if not sequence or _matches(args[0], result):
+            return [result]
+    elif sequence and len(result) == count:
+        return list(result)
+    got = len(result) if sequence else 1
+    raise ValueError(f"The vjp of {_name(f)} returned {got} cotangent{'s' * (got != 1)} for {count} positional "
+                     f"argument{'s' * (count != 1)} ({', '.join(names)}): it returns one per argument, in a tuple "
+                     "where there are several (None for no gradient).")
 
 
-def _argument_cotangents(result: Any, args: tuple[Any, ...], leaves: _Leaves,
+def _matches(argument: Any, cotangent: Any) -> bool:
+    """Whether the sequence cotangent is argument's cotangent: argument is a container of its structure."""
+    structure = jax.tree_util.tree_structure(argument)
+    if jax.tree_util.treedef_is_leaf(structure):  # an array's cotangent is an array, not a tuple of them
+        return False
+    try:
+        structure.flatten_up_to(cotangent)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _argument_cotangents(result: Any, args: tuple[Any, ...], leaves: _Leaves, names: list[str],
                          f: Callable[..., Any]) -> dict[int, jax.Array]:
     """The cotangent of each argument leaf that vjp gives one for (None and float0 zeros are no gradient),
     cast to the leaf's dtype, its shape checked."""
-    per_argument = _cotangent_of_each_argument(result, len(args), f)
+    per_argument = _cotangent_of_each_argument(result, args, names, f)
     flat: list[Any] = []
-    for k, (argument, ct) in enumerate(zip(args, per_argument, strict=True)):
+    for name, argument, ct in zip(names, args, per_argument, strict=True):
         structure = jax.tree_util.tree_structure(argument)
         if ct is None:
             flat += [None] * len(jax.tree_util.tree_leaves(argument))
@@ -149,7 +186,7 @@ def _argument_cotangents(result: Any, args: tuple[Any, ...], leaves: _Leaves,
         try:
             flat += structure.flatten_up_to(ct)  # type: ignore[attr-defined]  # in PyTreeDef, not in its stub
         except (TypeError, ValueError) as error:
-            raise ValueError(f"The vjp of {_name(f)} returned a cotangent for args[{k}] of another structure "
+            raise ValueError(f"The vjp of {_name(f)} returned a cotangent for {name} of another structure "
                              f"than the argument: {error}") from None
     found = {}
     for k, ct in enumerate(flat):
@@ -170,8 +207,38 @@ def _checked(f: Callable[..., Any], label: str, x: jax.Array, ct: jax.Array) -> 
     return ct.astype(x.dtype)
 
 
-def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, ...], leaves: _Leaves,
-            outputs: _Leaves, order: int) -> _LinearMap:
+def _staged(function: Callable[..., list[jax.Array]], avals: list[jax.ShapeDtypeStruct]) -> tuple[Any, set[int]]:
+    """function's jaxpr as a ClosedJaxpr, and the results known to be zero where that is not in the jaxpr.
+
+    ``jax.make_jaxpr`` stages every op, those on the residuals too; where the vjp reads a residual's value in
+    Python (``2*g if x > 0 else 3*g``), and the residual is concrete (a call outside jit), the vjp is traced
+    again in the cotangents alone: what does not depend on them is computed now, on the trace the call is in,
+    and enters as a constant, so the vjp sees concrete residuals, as jax.custom_vjp's bwd does outside jit.
+    A result computed that way is a constant: zero where its value is."""
+    try:
+        return jax.make_jaxpr(function)(*avals), set()
+    except jax.errors.ConcretizationTypeError:
+        pass
+    if hasattr(core, "DebugInfo"):  # JAX from 0.5 names what it traces; 0.4.35 takes no name
+        names = tuple(f"cotangent{k}" for k in range(len(avals)))
+        wrapped = lu.wrap_init(function, debug_info=core.DebugInfo("custom_gradient", _name(function), names, None))
+    else:
+        wrapped = lu.wrap_init(function)
+    unknown = [pe.PartialVal.unknown(jax.core.ShapedArray(a.shape, a.dtype)) for a in avals]
+    jaxpr, _, consts = pe.trace_to_jaxpr_nounits(wrapped, unknown, instantiate=True)
+    constants = dict(zip(jaxpr.constvars, consts, strict=True))
+    zeros = {j for j, v in enumerate(jaxpr.outvars) if _concrete_zero(constants.get(v) if v in constants else None)}
+    return core.ClosedJaxpr(jaxpr, consts), zeros
+
+
+def _concrete_zero(value: Any) -> bool:
+    if value is None or isinstance(value, jax.core.Tracer):
+        return False
+    return not np.any(np.asarray(value))
+
+
+def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, ...], names: list[str],
+            leaves: _Leaves, outputs: _Leaves, order: int) -> _LinearMap:
     """vjp traced on cotangents of y's differentiable leaves, proven linear; ValueError naming what is not."""
     avals = [jax.ShapeDtypeStruct(outputs.values[k].shape, outputs.values[k].dtype)  # type: ignore[no-untyped-call]
              for k in outputs.differentiable]
@@ -182,21 +249,27 @@ def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, .
     def cotangents(*cts: jax.Array) -> list[jax.Array]:
         with _evaluating(order):
             result = vjp(outputs.with_values({**fixed, **dict(zip(outputs.differentiable, cts, strict=True))}))
-        by_leaf = _argument_cotangents(result, args, leaves, f)
+        by_leaf = _argument_cotangents(result, args, leaves, names, f)
         found[:] = list(by_leaf)
         return list(by_leaf.values())
 
-    closed = jax.make_jaxpr(cotangents)(*avals)
+    closed, zeros = _staged(cotangents, avals)
+    states = [State.ZERO if j in zeros else state for j, state in enumerate(linear_primitives.judge(closed))]
     kept = []
-    for k, state in zip(found, linear_primitives.judge(closed), strict=True):
+    for k, state in zip(found, states, strict=True):
         label = leaves.labels[k]
+        if isinstance(state, Finding) and state.unknown:
+            raise ValueError(f"The vjp of {_name(f)} uses {state.place} on the path to the cotangent for {label}, "
+                             "a primitive stopgrad_math.jax.linear_primitives does not know: its "
+                             "linearity is not proven, so the vjp cannot be embedded (the identity's backward pass is "
+                             "linear). If it is linear, its row belongs in that table.")
         if isinstance(state, Finding):
             raise ValueError(f"The vjp of {_name(f)} is not linear in its cotangent, so it cannot be embedded "
                              f"(the identity's backward pass is linear): {state}, on the path to the cotangent "
                              f"for {label}.")
         if state is State.CONST:
             raise ValueError(f"The vjp of {_name(f)} returns a cotangent for {label} that does not depend on the "
-                             "cotangent of y and is not zero: an affine map, not a VJP.")
+                             "cotangent of y and is not provably zero: an affine map, not a VJP.")
         if state is State.LINEAR and k not in leaves.differentiable:
             raise ValueError(f"The vjp of {_name(f)} returns a cotangent for {label}, which is not differentiable "
                              f"({type(leaves.values[k]).__name__}): it would be lost. Return None for it.")
@@ -229,20 +302,50 @@ def _terms(f: Callable[..., Any], outputs: _Leaves, leaves: _Leaves, linear: _Li
         terms = [identity.zero_term(Layout.SCALAR, y, leaves.values[k], g, zero)
                  for k, g, zero in zip(linear.arguments, gradients, vs, strict=True)]
         return {index: jnp.reshape(sum(terms, jnp.zeros((), y.dtype)), y.shape)}
+    if not vs:
+        return {}
     transpose = jax.linear_transpose(lambda *cts: linear(*cts, consts=consts), *linear.cotangents)
     try:
-        products = transpose(vs) if vs else [None] * len(outputs.differentiable)
+        products = transpose(vs)
     except (AssertionError, NotImplementedError) as error:  # proven linear, but this JAX has no transpose for it
-        raise ValueError(
-            f"The vjp of {_name(f)} is linear, but this version of JAX ({jax.__version__}) cannot transpose it "
-            f"({type(error).__name__} in jax.linear_transpose; JAX 0.4.35 cannot transpose a scan whose carry "
-            "starts as a constant and then carries the cotangent).") from error
+        products = _products_by_columns(f, linear, consts, vs, error)
     return {k: identity.zero_with_derivative_of(p) for k, p in zip(outputs.differentiable, products, strict=True)
             if p is not None}
 
 
-def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int, guard: bool) -> Any:
-    leaves = _Leaves.of(list(args), "args")
+# J·v by columns holds vjp's Jacobian whole: up to this many elements (64 MiB of float32).
+COLUMNS_KEPT = 2**24
+
+
+def _products_by_columns(f: Callable[..., Any], linear: _LinearMap, consts: list[Any], vs: list[jax.Array],
+                         error: Exception) -> list[jax.Array]:
+    """J·v without jax.linear_transpose, for a linear map JAX cannot transpose (custom_linear_solve with
+    constants it builds from the cotangent, as jax.scipy.sparse.linalg.cg; a scatter whose indices are not known
+    to be unique; a scan on JAX 0.4.35): element a of output j's product is Σ_i ⟨vjp(e_a)_i, v_i⟩, the map
+    applied to every basis cotangent e_a at once under vmap."""
+    sizes = [identity.size(c.shape) for c in linear.cotangents]
+    if sum(sizes) * sum(identity.size(v.shape) for v in vs) > COLUMNS_KEPT:
+        raise ValueError(
+            f"The vjp of {_name(f)} is linear, but this version of JAX ({jax.__version__}) cannot transpose it "
+            f"({type(error).__name__} in jax.linear_transpose: {str(error).splitlines()[0] if str(error) else ''}), "
+            f"and its Jacobian, of {sum(sizes)} by {sum(identity.size(v.shape) for v in vs)} elements, is too "
+            f"large to build by columns (over {COLUMNS_KEPT}).") from error
+    products = []
+    for j, (cotangent, size) in enumerate(zip(linear.cotangents, sizes, strict=True)):
+
+        def column(basis: jax.Array, j: int = j, dtype: Any = cotangent.dtype) -> jax.Array:
+            cts = [jnp.reshape(basis, c.shape) if i == j else jnp.zeros(c.shape, c.dtype)
+                   for i, c in enumerate(linear.cotangents)]
+            return sum((jnp.sum(r * v) for r, v in zip(linear(*cts, consts=consts), vs, strict=True)),
+                       jnp.zeros((), dtype))
+
+        products.append(jnp.reshape(jax.vmap(column)(jnp.eye(size, dtype=cotangent.dtype)), cotangent.shape))
+    return products
+
+
+def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any], order: int,
+           guard: bool) -> Any:
+    leaves = _Leaves.of_arguments(args, names)
     if not leaves.differentiable:
         return _call_f(f, args, kwargs)[0]
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
@@ -256,7 +359,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     outputs = _Leaves.of(y, "y")
     if not outputs.differentiable:
         return y
-    linear = _traced(f, vjp, tuple(at_args), leaves, outputs, order)
+    linear = _traced(f, vjp, tuple(at_args), names, leaves, outputs, order)
     consts = list(linear.jaxpr.consts)
     watched = [leaves.values[k] for k in leaves.differentiable] + [c for c in consts if _is_differentiable(c)]
     if order == 1:
@@ -278,14 +381,16 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
 
     @functools.wraps(f)
     def decorated(*args: Any, **kwargs: Any) -> Any:
+        by_keyword = not args and bool(kwargs)
         args, kwargs = arguments_of.positional(f, args, kwargs)
-        kwargs = _stopped_constants(kwargs)
+        names = arguments_of.names(f, len(args), by_keyword)
+        kwargs = _held_constant(f, kwargs)
         evaluating = _EVALUATING.get()
         if evaluating == 1:  # inside a VJP of order 1: everything is stopped, the value is all that is needed
             return _call_f(f, args, kwargs)[0]
         if evaluating == 2:  # inside a VJP of order 2: its arguments move with x, at first order
-            return _embed(f, args, kwargs, order=1, guard=False)
-        return _embed(f, args, kwargs, order, guard=True)
+            return _embed(f, args, names, kwargs, order=1, guard=False)
+        return _embed(f, args, names, kwargs, order, guard=True)
 
     decorated.undecorated = f  # type: ignore[attr-defined]
     return decorated

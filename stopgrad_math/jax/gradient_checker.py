@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,46 +36,70 @@ def _output_values(fn: Callable[..., Any], args: Sequence[Any]) -> list[np.ndarr
             for out in jax.tree_util.tree_leaves(fn(*args))]
 
 
-def _numeric(fn: Callable[..., Any], args: Sequence[Any], index: int, weights: Sequence[np.ndarray],
+@dataclasses.dataclass
+class _Point:
+    """The arguments' leaves, flat, and how to put them back; each checked leaf is moved alone."""
+
+    leaves: list[Any]
+    paths: list[tuple[Any, ...]]
+    structure: Any
+
+    @classmethod
+    def of(cls, args: Sequence[Any]) -> _Point:
+        pairs, structure = jax.tree_util.tree_flatten_with_path(tuple(args))
+        leaves = [_leaf_point(value, path) for path, value in pairs]
+        return cls(leaves, [path for path, _ in pairs], structure)
+
+    def args(self, index: int | None = None, value: Any = None) -> tuple[Any, ...]:
+        leaves = list(self.leaves)
+        if index is not None:
+            leaves[index] = value
+        return tuple(jax.tree_util.tree_unflatten(self.structure, leaves))
+
+    def label(self, index: int) -> tuple[int, str]:
+        """(the argument's position, the leaf's path inside it)."""
+        path = self.paths[index]
+        return int(path[0].idx), jax.tree_util.keystr(path[1:])
+
+
+def _leaf_point(value: Any, path: tuple[Any, ...]) -> Any:
+    """A leaf as the point to check at: a floating array wherever the value is a floating one."""
+    if isinstance(value, (float, np.ndarray, np.floating, np.complexfloating, jax.Array)):
+        array = jnp.asarray(value)
+        if jnp.issubdtype(array.dtype, jnp.complexfloating):
+            raise TypeError(f"check_gradient compares real derivatives; argument {path[0].idx}"
+                            f"{jax.tree_util.keystr(path[1:])} is {array.dtype}: check its real and imaginary parts "
+                            "as two real arguments.")
+        return array if jnp.issubdtype(array.dtype, jnp.floating) else value
+    return value
+
+
+def _numeric(fn: Callable[..., Any], point: _Point, index: int, weights: Sequence[np.ndarray],
              step_scale: float) -> np.ndarray:
-    """Central differences of ⟨w, fn⟩ w.r.t. every element of args[index], the point moved in NumPy."""
+    """Central differences of ⟨w, fn⟩ w.r.t. every element of leaf ``index``, the point moved in NumPy."""
+    dtype = point.leaves[index].dtype
 
     def total_at(moved: np.ndarray) -> float:
-        values = list(args)
-        values[index] = jnp.asarray(moved, args[index].dtype)
-        return float(_weighted_sum(fn, values, weights))
+        return float(_weighted_sum(fn, point.args(index, jnp.asarray(moved, dtype)), weights))
 
-    return central_differences(total_at, np.asarray(args[index], np.float64), step_scale)
+    return central_differences(total_at, np.asarray(point.leaves[index], np.float64), step_scale)
 
 
-def _differences(fn: Callable[..., Any], args: Sequence[Any], index: int, weights: Sequence[np.ndarray],
+def _differences(fn: Callable[..., Any], point: _Point, index: int, weights: Sequence[np.ndarray],
                  step: float) -> tuple[np.ndarray, str]:
-    """In float64 where JAX has it on (x64) and fn takes it; else in the argument's dtype, with the step
+    """In float64 where JAX has it on (x64) and fn takes it; else in the leaf's dtype, with the step
     eps^(1/3) that balances truncation and rounding there."""
     wide = jax.dtypes.canonicalize_dtype(jnp.float64)
+    dtype = point.leaves[index].dtype
     if wide == jnp.float64:
-        widened = [a.astype(wide) if j == index else a for j, a in enumerate(args)]
+        widened = _Point([*point.leaves[:index], point.leaves[index].astype(wide), *point.leaves[index + 1:]],
+                         point.paths, point.structure)
         try:
             return _numeric(fn, widened, index, weights, step), "float64"
         except TypeError:  # fn mixes the argument with arrays of its own dtype in a way JAX refuses
             pass
-    dtype = args[index].dtype
     eps = float(jnp.finfo(dtype).eps)  # type: ignore[no-untyped-call]  # jnp.finfo knows bfloat16, np.finfo not
-    return _numeric(fn, args, index, weights, eps ** (1 / 3)), str(dtype)
-
-
-def _point(value: Any, index: int) -> Any:
-    """An argument as the point to check at: a floating array wherever the value is a floating one."""
-    if isinstance(value, (float, list, tuple, np.ndarray, np.floating, np.complexfloating, jax.Array)):
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError):
-            return value
-        if jnp.issubdtype(array.dtype, jnp.complexfloating):
-            raise TypeError(f"check_gradient compares real derivatives; argument {index} is {array.dtype}: "
-                            "check its real and imaginary parts as two real arguments.")
-        return array if jnp.issubdtype(array.dtype, jnp.floating) else value
-    return value
+    return _numeric(fn, point, index, weights, eps ** (1 / 3)), str(dtype)
 
 
 def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None, atol: float | None = None,
@@ -82,8 +107,10 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     """Compares fn's derivatives (``jax.grad`` and ``jax.jacfwd``) with central finite differences.
 
     As the TensorFlow namespace's ``check_gradient``: for each floating
-    argument, the derivative of ⟨w, fn(*args)⟩ (w fixed random weights over
-    every floating output leaf; the report's computed and numeric values are
+    leaf of the arguments (pytrees, as ``jax.grad`` takes them: a tuple of
+    arrays is two leaves, each checked and reported by its path), the
+    derivative of ⟨w, fn(*args)⟩ (w fixed random weights over every
+    floating output leaf; the report's computed and numeric values are
     derivatives of this weighted sum) is compared elementwise with central
     differences. The differences are taken in float64 where JAX has float64
     on (``jax_enable_x64``), else in the argument's dtype with the step
@@ -98,20 +125,23 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
         True
     """
     check_options(step, rtol, atol)
-    points = [_point(a, i) for i, a in enumerate(args)]
-    weights, fn_not_finite = output_weights(_output_values(fn, points), seed)
+    point = _Point.of(args)
+    weights, fn_not_finite = output_weights(_output_values(fn, point.args()), seed)
     rows = []
-    for i in (i for i, a in enumerate(points) if _floating(a)):
-        rtol_i = tolerances.rtol(points[i].dtype, "finite_differences") if rtol is None else rtol
-        tolerance = (rtol_i, rtol_i if atol is None else atol)
-        numeric, numeric_dtype = _differences(fn, points, i, weights, step)
+    for index in (k for k, leaf in enumerate(point.leaves) if _floating(leaf)):
+        dtype = point.leaves[index].dtype
+        rtol_k = tolerances.rtol(dtype, "finite_differences") if rtol is None else rtol
+        tolerance = (rtol_k, rtol_k if atol is None else atol)
+        numeric, numeric_dtype = _differences(fn, point, index, weights, step)
 
-        def total(x: jax.Array, i: int = i) -> jax.Array:
-            return _weighted_sum(fn, [x if j == i else a for j, a in enumerate(points)], weights)
+        def total(x: jax.Array, index: int = index) -> jax.Array:
+            return _weighted_sum(fn, point.args(index, x), weights)
 
+        argument, leaf = point.label(index)
         for mode, derivative in (("reverse", jax.grad(total)), ("forward", jax.jacfwd(total))):
-            computed = np.asarray(derivative(points[i]), np.float64)
-            rows.append(compare(i, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite))
+            computed = np.asarray(derivative(point.leaves[index]), np.float64)
+            row = compare(argument, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite)
+            rows.append(dataclasses.replace(row, leaf=leaf))
     return GradientReport(tuple(rows))
 
 

@@ -5,7 +5,7 @@
 ``stop(x) − x`` is +0.0 for every finite x, and ``multiply_no_nan`` keeps
 the product +0.0 where g is inf or NaN, so ``f − (+0.0)`` is f bit for bit;
 the derivative of h is g. Made of ``jax.lax.stop_gradient``, arithmetic and
-one small ``jax.custom_jvp`` whose tangent is linear, so that ``grad``,
+one small primitive whose tangent is linear, so that ``grad``,
 ``jvp``, ``vmap``, ``jit`` and their compositions all see an ordinary function.
 """
 
@@ -16,13 +16,51 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core
+from jax.interpreters import ad, batching, mlir
 
 from stopgrad_math.layouts import Layout
 
 stop = jax.lax.stop_gradient
 
 
-@jax.custom_jvp
+_multiply_no_nan_p = core.Primitive("stopgrad_math_multiply_no_nan")
+
+
+def _masked_product(g: jax.Array, zero: jax.Array) -> jax.Array:
+    return jnp.where(zero == 0, jnp.zeros((), zero.dtype), g * zero)
+
+
+def _multiply_no_nan_jvp(primals: list[jax.Array], tangents: list[Any]) -> tuple[jax.Array, jax.Array]:
+    g, zero = primals
+    dg, dzero = (ad.instantiate_zeros(t) for t in tangents)  # a NaN g's NaN·0 is kept: a lost derivative shows
+    return _multiply_no_nan_p.bind(g, zero), g * dzero + dg * zero
+
+
+def _multiply_no_nan_transpose(ct: Any, g: Any, zero: Any) -> list[Any]:
+    if type(ct) is ad.Zero:
+        return [None, None]
+    if ad.is_undefined_primal(zero) and not ad.is_undefined_primal(g):
+        return [None, g * ct]
+    if ad.is_undefined_primal(g) and not ad.is_undefined_primal(zero):
+        return [zero * ct, None]
+    raise NotImplementedError("multiply_no_nan of two linear values is not linear")
+
+
+def _multiply_no_nan_batch(args: list[jax.Array], dims: list[Any]) -> tuple[jax.Array, int]:
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    g, zero = (batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True))
+    return _multiply_no_nan_p.bind(g, zero), 0
+
+
+_multiply_no_nan_p.def_impl(_masked_product)
+_multiply_no_nan_p.def_abstract_eval(lambda g, zero: jax.core.ShapedArray(zero.shape, zero.dtype))
+mlir.register_lowering(_multiply_no_nan_p, mlir.lower_fun(_masked_product, multiple_results=False))
+ad.primitive_jvps[_multiply_no_nan_p] = _multiply_no_nan_jvp
+ad.primitive_transposes[_multiply_no_nan_p] = _multiply_no_nan_transpose
+batching.primitive_batchers[_multiply_no_nan_p] = _multiply_no_nan_batch
+
+
 def multiply_no_nan(g: jax.Array, zero: jax.Array) -> jax.Array:
     """g·zero, and +0.0 where zero is 0 whatever g is (inf, NaN); broadcasting.
 
@@ -32,17 +70,15 @@ def multiply_no_nan(g: jax.Array, zero: jax.Array) -> jax.Array:
     has no multiply_no_nan of its own, and the select that masks the value
     would mask the derivative too). ``dg·zero`` is zero in value but keeps its
     slope in zero, which second derivatives mixing g's arguments with x need
-    (``partial_custom_gradient``).
+    (``partial_custom_gradient``). A primitive, not a ``jax.custom_jvp``:
+    differentiating a scan or fori_loop partially evaluates its body, where JAX
+    inlines a custom_jvp without its rule, and the select's derivative, 0, made
+    second derivatives through a loop silently wrong.
     """
-    return jnp.where(zero == 0, jnp.zeros((), jnp.result_type(g, zero)), g * zero)
-
-
-@multiply_no_nan.defjvp
-def _multiply_no_nan_jvp(primals: tuple[jax.Array, jax.Array],
-                         tangents: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    g, zero = primals
-    dg, dzero = tangents
-    return multiply_no_nan(g, zero), g * dzero + dg * zero
+    dtype = jnp.result_type(g, zero)
+    shape = jnp.broadcast_shapes(jnp.shape(g), jnp.shape(zero))
+    return _multiply_no_nan_p.bind(jnp.broadcast_to(jnp.asarray(g, dtype), shape),
+                                   jnp.broadcast_to(jnp.asarray(zero, dtype), shape))
 
 
 def is_inexact(dtype: Any) -> bool:

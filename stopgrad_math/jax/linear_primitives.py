@@ -42,10 +42,15 @@ class Finding:
     primitive: str
     why: str
     where: tuple[str, ...] = ()
+    unknown: bool = False  # the table does not know the primitive: not proven, rather than shown non-linear
+
+    @property
+    def place(self) -> str:
+        """The primitive and the calls it is in, innermost first."""
+        return self.primitive + "".join(f" inside {call}" for call in reversed(self.where))
 
     def __str__(self) -> str:
-        inside = "".join(f" inside {call}" for call in reversed(self.where))
-        return f"{self.primitive}{inside} ({self.why})"
+        return f"{self.place} ({self.why})"
 
 
 Judged = State | Finding
@@ -67,8 +72,9 @@ def _outputs(eqn: Any, state: Judged) -> list[Judged]:
 def _sum_of_terms(eqn: Any, states: list[Judged]) -> list[Judged] | Finding:
     """add, sub, concatenate, complex...: linear where every operand is linear or zero (else affine)."""
     if any(s is State.CONST for s in states):
-        return Finding(eqn.primitive.name, "adds a term that does not depend on the cotangent and is not zero: "
-                                           "an affine map, whose constant a transpose would drop")
+        return Finding(eqn.primitive.name, "adds a term that does not depend on the cotangent and is not provably "
+                                           "zero (0·x is not: it is NaN where x is infinite): an affine map, whose "
+                                           "constant a transpose would drop")
     return _outputs(eqn, State.LINEAR)
 
 
@@ -113,6 +119,20 @@ def _one_side(numerator_only: bool = False) -> _Rule:
     return rule
 
 
+def _each_operand(eqn: Any, states: list[Judged]) -> list[Judged]:
+    """device_put: each result is its operand, moved."""
+    return list(states)
+
+
+def _linear_solve(eqn: Any, states: list[Judged]) -> list[Judged] | Finding:
+    """custom_linear_solve(matvec, b): linear in b, its operands after the constants of its four functions;
+    JAX transposes it by its transpose_solve."""
+    constants = sum(eqn.params["const_lengths"])
+    if any(_carries(s) for s in states[:constants]):
+        return Finding(eqn.primitive.name, "solves against a matrix built from the cotangent")
+    return _sum_of_terms(eqn, states[constants:])
+
+
 def _convert(eqn: Any, states: list[Judged]) -> list[Judged] | Finding:
     if not np.issubdtype(np.dtype(eqn.params["new_dtype"]), np.inexact):
         return Finding(eqn.primitive.name, f"rounds the cotangent to {eqn.params['new_dtype']}")
@@ -140,7 +160,7 @@ def _function_name(eqn: Any) -> str | None:
 
 
 _ZERO_PRESERVING = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose",
-                              "convert_element_type", "copy", "copy_p", "rev", "slice"})
+                              "convert_element_type", "copy", "copy_p", "rev", "slice", "device_put"})
 
 _CLIPS = "clips or rectifies the cotangent (relu, clip, max, min)"
 _POWERS = "a non-linear function of the cotangent (powers, roots, norms, exp, log, abs, sign)"
@@ -161,6 +181,9 @@ RULES: dict[str, _Rule] = {
     "select_n": lambda eqn, states: _linear_operands(range(1, len(states)))(eqn, states),
     "dynamic_update_slice": _linear_operands((0, 1)),
     "scatter-add": _linear_operands((0, 2)),
+    "scatter": _linear_operands((0, 2)),  # .at[i].set(u): the operand where not set, u where set
+    "device_put": _each_operand,
+    "custom_linear_solve": _linear_solve,
     "scatter_add": _linear_operands((0, 2)),
     "mul": _one_side(),
     "dot_general": _one_side(),
@@ -236,8 +259,8 @@ class _Walk:
         if name == "scan":
             return self._scan(eqn, inputs)
         rule = RULES.get(name)
-        verdict = rule(eqn, inputs) if rule else Finding(name, "not in the table of linear primitives, so never "
-                                                               "assumed linear")
+        verdict = rule(eqn, inputs) if rule else Finding(name, "not in the table of linear primitives, so not "
+                                                               "proven linear", unknown=True)
         if isinstance(verdict, Finding):
             return _outputs(eqn, dataclasses.replace(verdict, where=self.where))
         return verdict

@@ -12,16 +12,25 @@ tangent reaches an argument or a closed-over value, differentiates the
 fence, and its rule raises a ``LookupError`` naming ``order=2``. At
 ``order=2`` the fence is two deep: the third derivative raises.
 
-Made of ``jax.custom_jvp``s whose tangents are linear (a product with 1, a
-zero), so every transform composes and XLA folds both away.
+The fence is a primitive of its own, not a ``jax.custom_jvp``: JAX inlines a
+``custom_jvp`` without its rule where it partially evaluates a function with
+some inputs unknown (it assumes that only happens to linear functions), and
+differentiating a ``scan`` or ``fori_loop`` does that to the loop's body to
+hoist what is loop-invariant; the rule was lost there and the second
+derivative silently 0. A primitive is kept by every transform, with rules for
+each: its derivative raises, a batch of it is one fence, and it lowers to the
+constant 1, which XLA folds away.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.extend import core
+from jax.interpreters import ad, batching, mlir
 
 MESSAGES = {
     1: "A second derivative through {name}, decorated at order=1, would miss the term through its vjp's own "
@@ -31,20 +40,37 @@ MESSAGES = {
        "derivative.",
 }
 
+_fence_p = core.Primitive("stopgrad_math_fence")
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def fence(depth: int, message: str, watched: list[jax.Array]) -> jax.Array:
-    """1.0, whose derivative ``depth`` deep w.r.t. ``watched`` raises ``LookupError(message)``."""
-    del depth, message, watched
+
+def _one(*watched: Any, depth: int, message: str) -> jax.Array:
+    del watched, depth, message
     return jnp.ones((), jnp.float32)
 
 
-@fence.defjvp
-def _fence_jvp(depth: int, message: str, primals: tuple[list[jax.Array]],
-               tangents: tuple[list[jax.Array]]) -> tuple[jax.Array, jax.Array]:
-    if depth <= 1:
-        raise LookupError(message)
-    return fence(depth - 1, message, primals[0]), jnp.zeros((), jnp.float32)  # one level down, on the primals
+def _fence_jvp(primals: list[Any], tangents: list[Any], *, depth: int, message: str) -> tuple[Any, Any]:
+    if any(type(t) is not ad.Zero for t in tangents):  # something watched moves: a derivative one level deeper
+        if depth <= 1:
+            raise LookupError(message)
+        depth -= 1
+    return _fence_p.bind(*primals, depth=depth, message=message), jnp.zeros((), jnp.float32)
+
+
+def _fence_batch(args: list[Any], dims: list[Any], *, depth: int, message: str) -> tuple[Any, Any]:
+    del dims  # one fence for the whole batch: it is 1 for every example
+    return _fence_p.bind(*args, depth=depth, message=message), None  # None: not mapped
+
+
+_fence_p.def_impl(_one)
+_fence_p.def_abstract_eval(lambda *watched, depth, message: jax.core.ShapedArray((), jnp.float32))
+ad.primitive_jvps[_fence_p] = _fence_jvp
+batching.primitive_batchers[_fence_p] = _fence_batch
+mlir.register_lowering(_fence_p, mlir.lower_fun(_one, multiple_results=False))
+
+
+def fence(depth: int, message: str, watched: list[jax.Array]) -> jax.Array:
+    """1.0, whose derivative ``depth`` deep w.r.t. ``watched`` raises ``LookupError(message)``."""
+    return _fence_p.bind(*watched, depth=depth, message=message)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
@@ -63,3 +89,13 @@ def _guarded_jvp(order: int, message: str, primals: tuple[jax.Array, list[jax.Ar
 def guarded(v: jax.Array, watched: list[jax.Array], order: int, name: str) -> jax.Array:
     """v, whose tangent is dv·fence(watched): exact, and raising at the derivative beyond ``order``."""
     return _guarded(v, watched, order, MESSAGES[order].format(name=name))
+
+
+def held_constant(value: jax.Array, message: str) -> jax.Array:
+    """value, bit for bit (a product with the fence's 1), whose derivative raises ``LookupError(message)``:
+    a value the decorator cannot differentiate, refused where it is differentiated and nowhere else."""
+    one = fence(1, message, [value])
+    if jnp.iscomplexobj(value):  # a complex product with 1 + 0j would make inf·0 = NaN of an infinite part
+        real = one.astype(jnp.real(value).dtype)
+        return jax.lax.complex(jnp.real(value) * real, jnp.imag(value) * real)
+    return value * one.astype(value.dtype)
