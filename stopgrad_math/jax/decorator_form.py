@@ -307,7 +307,8 @@ def _terms(f: Callable[..., Any], outputs: _Leaves, leaves: _Leaves, linear: _Li
     transpose = jax.linear_transpose(lambda *cts: linear(*cts, consts=consts), *linear.cotangents)
     try:
         products = transpose(vs)
-    except (AssertionError, NotImplementedError) as error:  # proven linear, but this JAX has no transpose for it
+    except (AssertionError, NotImplementedError, TypeError) as error:  # proven linear; JAX cannot transpose it
+        # (0.4.35 raises a TypeError on an undefined primal where 0.10 raises NotImplementedError, for cg)
         products = _products_by_columns(f, linear, consts, vs, error)
     return {k: identity.zero_with_derivative_of(p) for k, p in zip(outputs.differentiable, products, strict=True)
             if p is not None}
