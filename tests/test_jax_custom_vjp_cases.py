@@ -101,7 +101,7 @@ def test_a_closed_over_tracer_is_differentiated_where_custom_vjp_raises():  # te
         f.defvjp(lambda y: (x * y, None), lambda _, g: (x * g,))
         return f(3.0)
 
-    with pytest.raises(Exception, match="closed-over value|unexpected tracer"):  # JAX 0.4.35's words, 0.10's
+    with pytest.raises(Exception, match=r"closed-over value|unexpected tracer"):  # JAX 0.4.35's words, 0.10's
         jax.grad(lambda x: outer(jax.custom_vjp, x))(2.0)
     for grad in (jax.grad, lambda fn: jax.jit(jax.grad(fn))):  # ours: autodiff of y through the closure
         np.testing.assert_allclose(grad(lambda x: outer(_CustomVJPShim, x))(2.0), 3.0, rtol=1e-6)
