@@ -76,13 +76,13 @@ _KEYWORD = ("{label} is a keyword argument of {name}, which the decorator holds 
 def _constants(f: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments, constants: every tensor and variable in them held by a PreventGradient, so that a
     tape or accumulator differentiating one raises, naming it, where a stop would give a silent 0."""
+    name = getattr(f, "__name__", repr(f))
     held = {}
     for keyword, value in kwargs.items():
         flat = Flattened.of(value, keyword)
-        message = {i: _KEYWORD.format(label=flat.components[i].name, name=getattr(f, "__name__", repr(f)))
-                   for i in flat.differentiable}
-        held[keyword] = flat.with_tensors({
-            i: tf.raw_ops.PreventGradient(input=flat.components[i].tensor, message=message[i]) for i in message})
+        held[keyword] = flat.with_tensors({i: tf.raw_ops.PreventGradient(
+            input=flat.components[i].tensor, message=_KEYWORD.format(label=flat.components[i].name, name=name))
+            for i in flat.differentiable})
     return held
 
 

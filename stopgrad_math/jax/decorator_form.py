@@ -86,20 +86,19 @@ class _Leaves:
 
     @classmethod
     def of_arguments(cls, args: tuple[Any, ...], names: list[str]) -> _Leaves:
-        """The leaves of the positional arguments, each labelled by its argument's name and path."""
-        leaves = cls.of(list(args), "args")
-        leaves.labels = [f"{name}{jax.tree_util.keystr(path)}" for name, argument in zip(names, args, strict=True)
-                         for path, _ in jax.tree_util.tree_flatten_with_path(argument)[0]]
-        return leaves
+        """The leaves of the positional arguments, each labelled by its argument's name and its path in it."""
+        return cls.of(list(args), "", lambda path: f"{names[path[0].idx]}{jax.tree_util.keystr(path[1:])}")
 
     @classmethod
-    def of(cls, tree: Any, prefix: str) -> _Leaves:
+    def of(cls, tree: Any, prefix: str, label: Callable[[Any], str] | None = None) -> _Leaves:
+        """``label``: a leaf's path to its label; by default ``prefix`` and the path."""
         pairs, structure = jax.tree_util.tree_flatten_with_path(tree)
         values = [v for _, v in pairs]
         differentiable = [k for k, v in enumerate(values) if _is_differentiable(v)]
         for k in differentiable:
             values[k] = jnp.asarray(values[k])
-        return cls([f"{prefix}{jax.tree_util.keystr(p)}" for p, _ in pairs], values, structure, differentiable)
+        label = label or (lambda path: f"{prefix}{jax.tree_util.keystr(path)}")
+        return cls([label(p) for p, _ in pairs], values, structure, differentiable)
 
     def with_values(self, replaced: dict[int, Any]) -> Any:
         values = [replaced.get(k, v) for k, v in enumerate(self.values)]
@@ -227,7 +226,9 @@ def _staged(function: Callable[..., list[jax.Array]], avals: list[jax.ShapeDtype
     unknown = [pe.PartialVal.unknown(jax.core.ShapedArray(a.shape, a.dtype)) for a in avals]
     jaxpr, _, consts = pe.trace_to_jaxpr_nounits(wrapped, unknown, instantiate=True)
     constants = dict(zip(jaxpr.constvars, consts, strict=True))
-    zeros = {j for j, v in enumerate(jaxpr.outvars) if _concrete_zero(constants.get(v) if v in constants else None)}
+    # a Literal (unhashable) is judged by the walk: a zero one is ZERO there
+    zeros = {j for j, v in enumerate(jaxpr.outvars) if not isinstance(v, core.Literal)
+             and _concrete_zero(constants.get(v))}
     return core.ClosedJaxpr(jaxpr, consts), zeros
 
 
@@ -325,12 +326,13 @@ def _products_by_columns(f: Callable[..., Any], linear: _LinearMap, consts: list
     to be unique; a scan on JAX 0.4.35): element a of output j's product is Σ_i ⟨vjp(e_a)_i, v_i⟩, the map
     applied to every basis cotangent e_a at once under vmap."""
     sizes = [identity.size(c.shape) for c in linear.cotangents]
-    if sum(sizes) * sum(identity.size(v.shape) for v in vs) > COLUMNS_KEPT:
+    rows, columns = sum(sizes), sum(identity.size(v.shape) for v in vs)
+    if rows * columns > COLUMNS_KEPT:
         raise ValueError(
             f"The vjp of {_name(f)} is linear, but this version of JAX ({jax.__version__}) cannot transpose it "
             f"({type(error).__name__} in jax.linear_transpose: {str(error).splitlines()[0] if str(error) else ''}), "
-            f"and its Jacobian, of {sum(sizes)} by {sum(identity.size(v.shape) for v in vs)} elements, is too "
-            f"large to build by columns (over {COLUMNS_KEPT}).") from error
+            f"and its Jacobian, of {rows} by {columns} elements, is too large to build by columns (over "
+            f"{COLUMNS_KEPT}).") from error
     products = []
     for j, (cotangent, size) in enumerate(zip(linear.cotangents, sizes, strict=True)):
 

@@ -92,8 +92,9 @@ def _differences(fn: Callable[..., Any], point: _Point, index: int, weights: Seq
     wide = jax.dtypes.canonicalize_dtype(jnp.float64)
     dtype = point.leaves[index].dtype
     if wide == jnp.float64:
-        widened = _Point([*point.leaves[:index], point.leaves[index].astype(wide), *point.leaves[index + 1:]],
-                         point.paths, point.structure)
+        leaves = list(point.leaves)
+        leaves[index] = leaves[index].astype(wide)
+        widened = dataclasses.replace(point, leaves=leaves)
         try:
             return _numeric(fn, widened, index, weights, step), "float64"
         except TypeError:  # fn mixes the argument with arrays of its own dtype in a way JAX refuses

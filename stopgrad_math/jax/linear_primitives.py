@@ -181,10 +181,10 @@ RULES: dict[str, _Rule] = {
     "select_n": lambda eqn, states: _linear_operands(range(1, len(states)))(eqn, states),
     "dynamic_update_slice": _linear_operands((0, 1)),
     "scatter-add": _linear_operands((0, 2)),
+    "scatter_add": _linear_operands((0, 2)),
     "scatter": _linear_operands((0, 2)),  # .at[i].set(u): the operand where not set, u where set
     "device_put": _each_operand,
     "custom_linear_solve": _linear_solve,
-    "scatter_add": _linear_operands((0, 2)),
     "mul": _one_side(),
     "dot_general": _one_side(),
     "conv_general_dilated": _one_side(),
