@@ -393,6 +393,10 @@ def test_a_keyword_argument_that_is_differentiated_raises_naming_it(mode):
         y = power(x, exponent=variable)
     with pytest.raises(LookupError, match="exponent is a keyword argument"):
         tape.gradient(y, variable)
+    with tf.Graph().as_default():  # a TF1 graph, differentiated by tf.gradients
+        exponent = tf.constant(3.0)
+        with pytest.raises(LookupError, match="exponent is a keyword argument"):
+            tf.gradients(power(tf.constant([1.0, 2.0]), exponent=exponent), exponent)
 
 
 def test_every_argument_a_keyword_keeps_the_custom_gradient():
