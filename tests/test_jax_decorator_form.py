@@ -139,8 +139,13 @@ def test_keyword_arguments_are_constants_whose_derivative_raises_naming_them():
     def f(x, *, scale=1.0):
         return x * scale, lambda ct: ct * scale
 
-    with pytest.raises(LookupError, match="scale is a keyword argument of f"):  # its truth, 2.0, is not in the vjp
-        jax.grad(lambda s: f(2.0, scale=s))(3.0)
+    through_scale = lambda s: f(2.0, scale=s)  # noqa: E731  # its truth, 2.0, is nowhere in the vjp
+    in_scan = lambda s: jax.lax.scan(lambda c, _: (c + f(2.0, scale=s), None), 0.0, None, length=2)[0]  # noqa: E731
+    for differentiate in (jax.grad, jax.jacfwd, lambda fn: jax.jit(jax.grad(fn)),
+                          lambda fn: lambda s: jax.vmap(jax.grad(fn))(s[None])[0]):
+        for fn in (through_scale, in_scan):
+            with pytest.raises(LookupError, match="scale is a keyword argument of f"):
+                differentiate(fn)(jnp.float32(3.0))
     assert float(jax.grad(lambda x: f(x=x, scale=3.0))(2.0)) == 3.0  # all keywords: x is bound as positional
     assert float(jax.grad(lambda x: f(x, scale=3.0))(2.0)) == 3.0  # a constant keyword is no derivative
 
