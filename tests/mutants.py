@@ -109,6 +109,10 @@ def _keywords_stopped(original):
     return lambda f, kwargs: kwargs  # the keyword arguments as they are: constants to the vjp, a silent 0
 
 
+def _manual_stop_unchecked(original):
+    return lambda fx, planned: (fx, planned)  # fx and gx as given: a live gx doubles the second derivative
+
+
 def _by_id(original):
     from stopgrad_math.function_identity import same
     return lambda f, depth=2: same(f)  # each of TFP's fresh wrappers another function
@@ -153,6 +157,10 @@ MUTANTS = {
     "the JAX decorator lets keyword arguments through unheld": Mutant(
         "stopgrad_math.jax.decorator_form", "_held_constant", _keywords_stopped,
         (f"{_JAX}::test_keyword_arguments_are_constants_whose_derivative_raises_naming_them",)),
+    "the JAX identity takes fx_gx_manually_stopped on trust": Mutant(
+        "stopgrad_math.jax.identity_form", "_held_apart_from_x", _manual_stop_unchecked,
+        ("tests/test_jax_identity_form.py::test_a_manually_stopped_gx_or_fx_that_moves_with_x_is_a_value_error_"
+         "naming_it",)),
     "a decorated function is known by its id": Mutant(
         "stopgrad_math.function_identity", "key", _by_id,
         (f"{_INSIDE_TFP}::test_a_recursive_bessel_gradient_under_tf_function_ends_its_recursion",

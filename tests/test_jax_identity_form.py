@@ -132,6 +132,67 @@ def test_the_second_derivative_through_a_stopped_gx_is_zero():
     np.testing.assert_array_equal(jax.hessian(_sum_of(log1pexp))(X[:3]), np.zeros([3, 3]))
 
 
+# Each way to differentiate a scalar function of one scalar, once or twice, alone or in a loop or a checkpoint.
+SCALAR_MODES = {
+    "grad": jax.grad,
+    "jvp": lambda fn: lambda x: jax.jvp(fn, (x,), (1.0,))[1],
+    "jacfwd": jax.jacfwd,
+    "hessian": jax.hessian,
+    "vmap(grad)": lambda fn: lambda x: jax.vmap(jax.grad(fn))(jnp.full(2, x))[0],
+    "jit(grad)": lambda fn: jax.jit(jax.grad(fn)),
+    "grad(jit)": lambda fn: jax.grad(jax.jit(fn)),
+    "grad(scan)": lambda fn: jax.grad(lambda x: jax.lax.scan(lambda c, _: (fn(c), None), x, None, length=1)[0]),
+    "grad(fori_loop)": lambda fn: jax.grad(lambda x: jax.lax.fori_loop(0, 1, lambda _, c: fn(c), x)),
+    "grad(checkpoint)": lambda fn: jax.grad(jax.checkpoint(fn)),
+}
+
+
+def _with_gx_unstopped(x):
+    return sgm.custom_gradient(jax.lax.stop_gradient(jnp.sin(x)), jnp.cos(x), x, fx_gx_manually_stopped=True)
+
+
+def _with_fx_unstopped(x):
+    return sgm.custom_gradient(jnp.sin(x), jax.lax.stop_gradient(jnp.cos(x)), x, fx_gx_manually_stopped=True)
+
+
+@pytest.mark.parametrize("mode", SCALAR_MODES)
+def test_a_manually_stopped_gx_or_fx_that_moves_with_x_is_a_value_error_naming_it(mode):
+    """Unrefused, a live gx doubles the second derivative (2·g′: the embedded g′ and gx's own) and a live fx the
+    first; the promise is checked where x moves, in every mode."""
+    for fn, named in ((_with_gx_unstopped, "the gradient for x moves with x"), (_with_fx_unstopped, "fx moves")):
+        with pytest.raises(ValueError, match=named):
+            SCALAR_MODES[mode](fn)(0.7)
+    assert bits(_with_gx_unstopped(0.7)) == bits(jnp.sin(jnp.float32(0.7)))  # a value alone is not refused
+
+
+def _x_stopped_by_hand(x, y):  # h = x·y, dh/dx = 2y by hand, dh/dy = x by autodiff through fx
+    still = jax.lax.stop_gradient(x)
+    return sgm.custom_gradient(still * y, 2 * y, x, fx_gx_manually_stopped=True)
+
+
+@pytest.mark.parametrize("mode", SCALAR_MODES)
+def test_a_manual_stop_kept_is_embedded_with_its_mixed_second_derivative(mode):
+    """fx and gx stopped w.r.t. x and live in y: dh/dx = 2y (x = 3, y = 5: 10) in every mode, and d²h/dydx = 2."""
+    first = SCALAR_MODES[mode](lambda x: _x_stopped_by_hand(x, 5.0))(3.0)
+    expected = 0.0 if mode == "hessian" else 10.0  # the hessian w.r.t. x: gx does not move with x
+    assert float(first) == expected
+    mixed = jax.grad(lambda y: jax.grad(_x_stopped_by_hand)(3.0, y))(5.0)
+    assert float(mixed) == 2.0
+
+
+def test_x_and_y_differentiated_together_under_a_manual_stop_is_refused_and_partial_custom_gradient_is_not():
+    """The documented limit: JAX shows that fx moves in x's jvp, not through what; partial_custom_gradient stops
+    x itself, and gives the truth (∂h/∂x = 2y = 10, ∂h/∂y = x = 3; Hessian [[0, 2], [2, 0]])."""
+    with pytest.raises(ValueError, match="fx moves with x"):
+        jax.grad(_x_stopped_by_hand, argnums=(0, 1))(3.0, 5.0)
+
+    def h(x, y):
+        return sgm.partial_custom_gradient(lambda x, y: x * y, lambda x, y: 2 * y, x, y)
+
+    assert [float(d) for d in jax.grad(h, argnums=(0, 1))(3.0, 5.0)] == [10.0, 3.0]
+    np.testing.assert_array_equal(jax.hessian(h, argnums=(0, 1))(3.0, 5.0), [[0.0, 2.0], [2.0, 0.0]])
+
+
 def test_an_integer_x_is_a_type_error_naming_it():
     with pytest.raises(TypeError, match=r"x must be floating or complex.*int32"):
         sgm.custom_gradient(jnp.ones(2), jnp.ones(2), jnp.array([1, 2], jnp.int32))

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 from stopgrad_math import arguments, layouts
-from stopgrad_math.jax import decorator_form, identity
+from stopgrad_math.jax import decorator_form, identity, second_derivative_guard
 from stopgrad_math.layouts import Layout
 
 
@@ -65,7 +65,7 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
       fx: the value f(x); or, alone, the function to decorate.
       gx: the derivative of f at x (None: no gradient for that leaf).
       x: what the derivative is with respect to.
-      fx_gx_manually_stopped: fx and gx are used as given, unstopped.
+      fx_gx_manually_stopped: fx and gx are used as given, unstopped (a ValueError where they move with x).
       name: accepted for tfp's signature (JAX keeps no op names).
       order: decorator form: 2 for exact second derivatives.
       check_linearity: decorator form: accepted; on JAX linearity is always proven.
@@ -93,11 +93,34 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
     return with_gradient(fx, gx, x, fx_gx_manually_stopped)
 
 
-def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False) -> jax.Array:
-    """The identity form alone (the helpers' entry): fx with derivative gx w.r.t. x."""
+_UNSTOPPED = ("{what} moves with x: fx_gx_manually_stopped=True promises that fx and gx are stopped w.r.t. x, "
+              "but {what} is differentiated together with x, so its own derivative would add to the embedded one "
+              "({effect}). Stop x where fx and gx read it; partial_custom_gradient(f, g, x, *others) does, and "
+              "keeps the derivatives w.r.t. the others.")
+
+
+def _held_apart_from_x(fx: jax.Array, planned: list[tuple[str, Layout, jax.Array, jax.Array]]
+                       ) -> tuple[jax.Array, list[tuple[str, Layout, jax.Array, jax.Array]]]:
+    """fx and each gx, bit for bit, whose derivative raises where they move in the jvp that x moves in.
+
+    Only a dependence can be seen, not on what: an fx or gx that reads another argument differentiated in the
+    same jvp as x is refused too (partial_custom_gradient embeds that case with x stopped, unchecked)."""
+    xs = [leaf for *_, leaf in planned]
+    fx = second_derivative_guard.held_apart(fx, xs, _UNSTOPPED.format(what="fx", effect="twice the derivative"))
+    return fx, [(label, layout, second_derivative_guard.held_apart(
+        g, xs, _UNSTOPPED.format(what=f"the gradient for {label}", effect="twice the second derivative")), leaf)
+        for label, layout, g, leaf in planned]
+
+
+def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False, *,
+                  stopped_by_caller: bool = False) -> jax.Array:
+    """The identity form alone (the helpers' entry): fx with derivative gx w.r.t. x. ``stopped_by_caller``:
+    fx and gx read x stopped by construction (partial_custom_gradient), and the promise is not checked."""
     fx = identity.inexact_array(fx, "fx")
     planned = [(label, *_checked(fx, label, g, leaf)) for label, g, leaf in _leaves(gx, x) if g is not None]
     if not fx_gx_manually_stopped:
         fx = identity.stop(fx)
         planned = [(label, layout, identity.stop(g), leaf) for label, layout, g, leaf in planned]
+    elif not stopped_by_caller:
+        fx, planned = _held_apart_from_x(fx, planned)
     return identity.attach(fx, [identity.zero_term(layout, fx, leaf, g) for _, layout, g, leaf in planned])

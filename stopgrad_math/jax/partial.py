@@ -27,4 +27,5 @@ def partial_custom_gradient(f: Callable[..., Any], g: Callable[..., Any], x: Any
         [10.0, 3.0]
     """
     stopped = stop_gradient(x)
-    return with_gradient(f(stopped, *others), g(stopped, *others), x, fx_gx_manually_stopped=True)
+    return with_gradient(f(stopped, *others), g(stopped, *others), x, fx_gx_manually_stopped=True,
+                         stopped_by_caller=True)

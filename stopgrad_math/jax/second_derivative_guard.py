@@ -19,7 +19,8 @@ differentiating a ``scan`` or ``fori_loop`` does that to the loop's body to
 hoist what is loop-invariant; the rule was lost there and the second
 derivative silently 0. A primitive is kept by every transform, with rules for
 each: its derivative raises, a batch of it is one fence, and it lowers to the
-constant 1, which XLA folds away.
+constant 1, which XLA folds away. ``held_apart`` is the same fence for two
+groups, raising where a value moves in the jvp that x moves in.
 """
 
 from __future__ import annotations
@@ -91,11 +92,45 @@ def guarded(v: jax.Array, watched: list[jax.Array], order: int, name: str) -> ja
     return _guarded(v, watched, order, MESSAGES[order].format(name=name))
 
 
-def held_constant(value: jax.Array, message: str) -> jax.Array:
-    """value, bit for bit (a product with the fence's 1), whose derivative raises ``LookupError(message)``:
-    a value the decorator cannot differentiate, refused where it is differentiated and nowhere else."""
-    one = fence(1, message, [value])
+def _times(value: jax.Array, one: jax.Array) -> jax.Array:
+    """value·one for the scalar one = 1.0: value bit for bit, with one's derivative rule."""
     if jnp.iscomplexobj(value):  # a complex product with 1 + 0j would make inf·0 = NaN of an infinite part
         real = one.astype(jnp.real(value).dtype)
         return jax.lax.complex(jnp.real(value) * real, jnp.imag(value) * real)
     return value * one.astype(value.dtype)
+
+
+def held_constant(value: jax.Array, message: str) -> jax.Array:
+    """value, bit for bit (a product with the fence's 1), whose derivative raises ``LookupError(message)``:
+    a value the decorator cannot differentiate, refused where it is differentiated and nowhere else."""
+    return _times(value, fence(1, message, [value]))
+
+
+# A fence of two groups: 1.0, whose derivative raises where the first operand and any other move in one jvp.
+_apart_p = core.Primitive("stopgrad_math_apart")
+
+
+def _apart_jvp(primals: list[Any], tangents: list[Any], *, message: str) -> tuple[Any, Any]:
+    if type(tangents[0]) is not ad.Zero and any(type(t) is not ad.Zero for t in tangents[1:]):
+        raise ValueError(message)
+    return _apart_p.bind(*primals, message=message), jnp.zeros((), jnp.float32)
+
+
+def _apart_batch(args: list[Any], dims: list[Any], *, message: str) -> tuple[Any, Any]:
+    del dims  # 1 for every example, as the fence
+    return _apart_p.bind(*args, message=message), None
+
+
+_apart_p.def_impl(lambda *operands, message: jnp.ones((), jnp.float32))
+_apart_p.def_abstract_eval(lambda *operands, message: jax.core.ShapedArray((), jnp.float32))
+ad.primitive_jvps[_apart_p] = _apart_jvp
+batching.primitive_batchers[_apart_p] = _apart_batch
+mlir.register_lowering(_apart_p, mlir.lower_fun(lambda *operands, message: jnp.ones((), jnp.float32),
+                                                multiple_results=False))
+
+
+def held_apart(value: jax.Array, others: list[jax.Array], message: str) -> jax.Array:
+    """value, bit for bit, whose derivative raises ``ValueError(message)`` where value and any of ``others``
+    are differentiated in one jvp (each moving at that level), and nowhere else. JAX decides it from its
+    symbolic zero tangents, under jit, scan and every other transform, as for the fence."""
+    return _times(value, _apart_p.bind(value, *others, message=message))
