@@ -141,9 +141,10 @@ def test_keyword_arguments_are_constants_whose_derivative_raises_naming_them():
 
     through_scale = lambda s: f(2.0, scale=s)  # noqa: E731  # its truth, 2.0, is nowhere in the vjp
     in_scan = lambda s: jax.lax.scan(lambda c, _: (c + f(2.0, scale=s), None), 0.0, None, length=2)[0]  # noqa: E731
-    for differentiate in (jax.grad, jax.jacfwd, lambda fn: jax.jit(jax.grad(fn)),
-                          lambda fn: lambda s: jax.vmap(jax.grad(fn))(s[None])[0]):
-        for fn in (through_scale, in_scan):
+    in_fori_loop = lambda s: jax.lax.fori_loop(0, 2, lambda _, c: c + f(2.0, scale=s), 0.0)  # noqa: E731
+    for differentiate in (jax.grad, jax.jacfwd, jax.hessian, lambda fn: lambda s: jax.jvp(fn, (s,), (1.0,))[1],
+                          lambda fn: jax.jit(jax.grad(fn)), lambda fn: lambda s: jax.vmap(jax.grad(fn))(s[None])[0]):
+        for fn in (through_scale, in_scan, in_fori_loop, jax.checkpoint(through_scale)):
             with pytest.raises(LookupError, match="scale is a keyword argument of f"):
                 differentiate(fn)(jnp.float32(3.0))
     assert float(jax.grad(lambda x: f(x=x, scale=3.0))(2.0)) == 3.0  # all keywords: x is bound as positional
@@ -275,6 +276,10 @@ def test_linear_vjps_are_embedded_exactly_in_both_modes(case):
     jacobian = jax.jacfwd(fn)(x)  # forward mode: J, whose transpose applied to ones is the same
     np.testing.assert_allclose(jacobian.T @ jnp.ones(3), want, rtol=2e-6, atol=1e-7)
     np.testing.assert_allclose(jax.jacrev(fn)(x), jacobian, rtol=1e-6, atol=1e-7)
+    in_scan = lambda x: jax.lax.scan(lambda c, _: (fn(c), None), x, None, length=1)[0]  # noqa: E731
+    for gradient in (jax.jit(jax.grad(_sum_of(fn))), lambda x: jax.vmap(jax.grad(_sum_of(fn)))(x[None])[0],
+                     jax.grad(_sum_of(in_scan)), jax.grad(_sum_of(jax.checkpoint(fn)))):
+        np.testing.assert_allclose(gradient(x), want, rtol=2e-6)
 
 
 def test_a_term_that_is_not_provably_zero_and_a_primitive_the_table_lacks_are_told_apart():
