@@ -15,31 +15,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as type checkers and the API reference see them
-    from stopgrad_math.estimators import magic_box, reverse_gradient, scale_gradient, straight_through
-    from stopgrad_math.gradient_checker import GradientReport, assert_gradient, check_gradient
-    from stopgrad_math.identity import zero_with_gradient
-    from stopgrad_math.identity_form import custom_gradient
-    from stopgrad_math.partial import partial_custom_gradient
-    from stopgrad_math.stops import stop_gradient, stop_gradient_where
-    from stopgrad_math.value_only_mode import values_only
+    from stopgrad_math.tensorflow import (
+        GradientReport,
+        assert_gradient,
+        check_gradient,
+        custom_gradient,
+        magic_box,
+        partial_custom_gradient,
+        reverse_gradient,
+        scale_gradient,
+        stop_gradient,
+        stop_gradient_where,
+        straight_through,
+        values_only,
+        zero_with_gradient,
+    )
 
-_MODULE_OF = {
-    "GradientReport": "gradient_checker",
-    "assert_gradient": "gradient_checker",
-    "check_gradient": "gradient_checker",
-    "custom_gradient": "identity_form",
-    "magic_box": "estimators",
-    "partial_custom_gradient": "partial",
-    "reverse_gradient": "estimators",
-    "scale_gradient": "estimators",
-    "stop_gradient": "stops",
-    "stop_gradient_where": "stops",
-    "straight_through": "estimators",
-    "values_only": "value_only_mode",
-    "zero_with_gradient": "identity",
-}
-
-# Written out, not sorted(_MODULE_OF): the API reference reads the names statically.
+# Written out: the API reference reads the names statically. They are stopgrad_math.tensorflow's.
 __all__ = [
     "GradientReport",
     "assert_gradient",
@@ -60,16 +52,16 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     """A public name, imported (with TensorFlow) the first time it is asked for."""
-    if name not in _MODULE_OF:
+    if name not in __all__:
         raise AttributeError(f"module 'stopgrad_math' has no attribute {name!r}")
     try:
-        module = importlib.import_module(f"stopgrad_math.{_MODULE_OF[name]}")
+        namespace = importlib.import_module("stopgrad_math.tensorflow")
     except ModuleNotFoundError as error:
         if error.name not in ("tensorflow", "tensorflow_probability", "tf_keras"):
             raise
         raise ImportError(f"stopgrad_math.{name} is TensorFlow's and needs it: pip install 'stopgrad_math[tf]' "
                           f"({error.name} is not installed). For JAX: import stopgrad_math.jax.") from error
-    value = getattr(module, name)
+    value = getattr(namespace, name)
     globals()[name] = value  # later lookups find it without this call
     return value
 

@@ -114,7 +114,7 @@ def _manual_stop_unchecked(original):
 
 
 def _by_id(original):
-    from stopgrad_math.function_identity import same
+    from stopgrad_math.shared.function_identity import same
     return lambda f, depth=2: same(f)  # each of TFP's fresh wrappers another function
 
 
@@ -143,7 +143,7 @@ MUTANTS = {
         ("tests/test_bad_inputs.py::test_check_gradient_never_passes_a_wrong_gradient_or_nothing",
          "tests/test_check_suite.py")),
     "the order-1 decorator never guards second derivatives": Mutant(
-        "stopgrad_math.second_derivative_guard", "needed", _never_guards,
+        "stopgrad_math.tensorflow.second_derivative_guard", "needed", _never_guards,
         ("tests/test_second_derivative_guard.py",)),
     "the JAX decorator takes every vjp for linear": Mutant(
         "stopgrad_math.jax.linear_primitives", "judge", _everything_linear,
@@ -162,11 +162,11 @@ MUTANTS = {
         ("tests/test_jax_identity_form.py::test_a_manually_stopped_gx_or_fx_that_moves_with_x_is_a_value_error_"
          "naming_it",)),
     "a decorated function is known by its id": Mutant(
-        "stopgrad_math.function_identity", "key", _by_id,
+        "stopgrad_math.shared.function_identity", "key", _by_id,
         (f"{_INSIDE_TFP}::test_a_recursive_bessel_gradient_under_tf_function_ends_its_recursion",
          f"{_INSIDE_TFP}::test_eager_calls_after_the_first_trace_nothing")),
     "a replica context takes grad_fn(1) for J": Mutant(
-        "stopgrad_math.decorator_form", "_replicated", _never_replicated,
+        "stopgrad_math.tensorflow.decorator_form", "_replicated", _never_replicated,
         (f"{_INSIDE_TFP}::test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise",)),
 }
 

@@ -1027,7 +1027,7 @@ def test_bad_options_are_refused_when_given(options):
 
 
 def test_the_grad_fn_signature_cache_is_bounded():
-    from stopgrad_math import grad_fn_conventions
+    from stopgrad_math.tensorflow import grad_fn_conventions
 
     x = tf.constant([1.0, 2.0])
     for k in range(grad_fn_conventions.SIGNATURES_KEPT + 300):  # a fresh code object each time, as generated code makes

@@ -4,7 +4,7 @@ import gc
 
 import tensorflow as tf
 
-from stopgrad_math import function_identity
+from stopgrad_math.shared import function_identity
 
 
 def _factory(vjp_fwd, kept):

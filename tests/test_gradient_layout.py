@@ -3,7 +3,7 @@
 import pytest
 import tensorflow as tf
 
-from stopgrad_math.gradient_layout import Layout, candidates
+from stopgrad_math.tensorflow.gradient_layout import Layout, candidates
 
 S = tf.TensorShape
 T = lambda shape: None if shape is None else tuple(shape)  # noqa: E731  the static shape as candidates takes it

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from stopgrad_math import zero_with_gradient
-from stopgrad_math.identity import (
+from stopgrad_math.tensorflow.identity import (
     _finite_in_host_memory,
     attach,
     negative_zero_term,

@@ -105,7 +105,8 @@ def test_mixture_same_family_prevent_gradient_on_a_larger_y_is_refused(mode):
 
 def test_mixture_same_familys_second_derivative_raises_as_tfps():
     """TFP's PreventGradient in the grad_fn makes tf.custom_gradient raise on a second derivative; the decorator
-    holds J constant at order=1, and its guard raises there instead (stopgrad_math.second_derivative_guard)."""
+    holds J constant at order=1, and its guard raises there instead
+    (stopgrad_math.tensorflow.second_derivative_guard)."""
     def second(loc):
         with tf.GradientTape() as outer:
             outer.watch(loc)
@@ -165,7 +166,8 @@ def test_a_recursive_bessel_gradient_under_tf_function_ends_its_recursion():
 def test_eager_calls_after_the_first_trace_nothing(monkeypatch):
     """The route is kept per function and signature across TFP's fresh wrappers: a second eager call traces no
     grad_fn (it traced one at every call)."""
-    from stopgrad_math import bounded_cache, decorator_form, transposition
+    from stopgrad_math.shared import bounded_cache
+    from stopgrad_math.tensorflow import decorator_form, transposition
 
     traced = []
     original = transposition.trace

@@ -1,4 +1,4 @@
-"""The shared shape rules (stopgrad_math.layouts) against TensorFlow's own static shape rules."""
+"""The shared shape rules (stopgrad_math.shared.layouts) against TensorFlow's own static shape rules."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import tensorflow as tf
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stopgrad_math import layouts
+from stopgrad_math.shared import layouts
 
 dims = st.one_of(st.none(), st.integers(0, 3))
 shapes = st.one_of(st.none(), st.lists(dims, max_size=3).map(tuple))
@@ -42,6 +42,6 @@ def test_shapes_are_named_as_tensorflow_prints_them(shape, text):
 
 
 def test_the_shared_rules_import_no_framework():
-    code = "import sys; import stopgrad_math.layouts; print(sorted({'tensorflow', 'jax'} & set(sys.modules)))"
+    code = "import sys; import stopgrad_math.shared.layouts; print(sorted({'tensorflow', 'jax'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -3,8 +3,8 @@
 import pytest
 import tensorflow as tf
 
-from stopgrad_math import linear_ops
-from stopgrad_math.linear_ops import Kind
+from stopgrad_math.tensorflow import linear_ops
+from stopgrad_math.tensorflow.linear_ops import Kind
 
 ENTRIES = (
     [(name, Kind.VALUE_FREE) for name in linear_ops.VALUE_FREE]

@@ -1,7 +1,7 @@
 """The decorator embeds grad_fn only where its ops prove the route: programs tf.custom_gradient runs, side by side.
 
-Each case was a silent wrong gradient or a loud failure before the op table (stopgrad_math.linear_ops): now it
-gives tf.custom_gradient's numbers, or a ValueError naming the op, the same in eager, tf.function, XLA and TF1.
+Each case was a silent wrong gradient or a loud failure before the op table (stopgrad_math.tensorflow.linear_ops):
+now it gives tf.custom_gradient's numbers, or a ValueError naming the op, the same in eager, tf.function, XLA and TF1.
 """
 
 import subprocess

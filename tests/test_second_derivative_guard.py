@@ -1,4 +1,4 @@
-"""The order-1 decorator's second-derivative guard (stopgrad_math.second_derivative_guard).
+"""The order-1 decorator's second-derivative guard (stopgrad_math.tensorflow.second_derivative_guard).
 
 At order=1 J is held constant in x, so a second derivative misses ∂J/∂x. Where a tape or accumulator could take
 one when f is called, it raises; first derivatives and values are tf.custom_gradient's, bit for bit. Where no

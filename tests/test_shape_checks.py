@@ -6,7 +6,7 @@ import tensorflow as tf
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stopgrad_math import shape_checks
+from stopgrad_math.tensorflow import shape_checks
 
 SHAPES = st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple)
 VECTOR = tf.TensorSpec([None], tf.int32)

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import stopgrad_math
-from stopgrad_math import _tf_internal
+from stopgrad_math.tensorflow import _tf_internal
 
 PACKAGE = pathlib.Path(stopgrad_math.__file__).parent
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from stopgrad_math.transposition import Route, choose_route, dot_product_mismatch, findings
+from stopgrad_math.tensorflow.transposition import Route, choose_route, dot_product_mismatch, findings
 
 inner = tf.function(lambda a: 2.0 * tf.stop_gradient(a))
 

@@ -37,10 +37,10 @@ from jax.extend import core
 from jax.extend import linear_util as lu
 from jax.interpreters import partial_eval as pe
 
-from stopgrad_math import arguments as arguments_of
 from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard
 from stopgrad_math.jax.linear_primitives import Finding, State
-from stopgrad_math.layouts import Layout
+from stopgrad_math.shared import arguments as arguments_of
+from stopgrad_math.shared.layouts import Layout
 
 # The order of the embedding whose VJP is being traced, while it is. A VJP may call decorated functions, its own f
 # among them (erfcx' = 2x·erfcx − 2/√π): inside a VJP of order 1 they return their value alone (everything there

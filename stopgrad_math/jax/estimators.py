@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stopgrad_math import layouts
 from stopgrad_math.jax import identity
 from stopgrad_math.jax.identity_form import with_gradient
+from stopgrad_math.shared import layouts
 
 
 def straight_through(forward: Any, backward: Any) -> Any:

@@ -10,8 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stopgrad_math import tolerances
-from stopgrad_math.gradient_report import GradientReport, central_differences, check_options, compare, output_weights
+from stopgrad_math.shared import tolerances
+from stopgrad_math.shared.gradient_report import (
+    GradientReport,
+    central_differences,
+    check_options,
+    compare,
+    output_weights,
+)
 
 __all__ = ["GradientReport", "assert_gradient", "check_gradient"]
 

@@ -19,7 +19,7 @@ import numpy as np
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-from stopgrad_math.layouts import Layout
+from stopgrad_math.shared.layouts import Layout
 
 stop = jax.lax.stop_gradient
 

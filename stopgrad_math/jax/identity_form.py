@@ -7,9 +7,9 @@ from typing import Any
 
 import jax
 
-from stopgrad_math import arguments, layouts
 from stopgrad_math.jax import decorator_form, identity, second_derivative_guard
-from stopgrad_math.layouts import Layout
+from stopgrad_math.shared import arguments, layouts
+from stopgrad_math.shared.layouts import Layout
 
 
 def _leaves(gx: Any, x: Any) -> list[tuple[str, Any, Any]]:

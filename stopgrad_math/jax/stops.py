@@ -7,8 +7,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from stopgrad_math import layouts
 from stopgrad_math.jax import identity
+from stopgrad_math.shared import layouts
 
 
 def stop_gradient(tree: Any) -> Any:

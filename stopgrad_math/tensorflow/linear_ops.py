@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import _tf_internal, identity
+from stopgrad_math.tensorflow import _tf_internal, identity
 
 
 class Kind(enum.Enum):
@@ -140,7 +140,8 @@ def classify(op: tf.Operation, carrying: Sequence[bool], zero: Callable[[tf.Tens
         return Verdict(Kind.NONLINEAR, f"it {NONLINEAR[op.type]}")
     rule = _RULES.get(op.type)
     if rule is None:
-        return Verdict(Kind.UNTRUSTED, "an op not in the table of ops known to be linear (stopgrad_math.linear_ops)")
+        return Verdict(Kind.UNTRUSTED,
+                       "an op not in the table of ops known to be linear (stopgrad_math.tensorflow.linear_ops)")
     verdict = rule(op, carrying, zero or is_zero)
     if verdict.kind is Kind.LINEAR and not _has_gradient(op):
         return Verdict(Kind.OPAQUE, "an op with no registered gradient")

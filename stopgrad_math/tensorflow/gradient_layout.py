@@ -1,6 +1,6 @@
 """The identity's term for each layout of ``gx``, in TensorFlow.
 
-Which layout a gx's shape means is decided in ``stopgrad_math.layouts``,
+Which layout a gx's shape means is decided in ``stopgrad_math.shared.layouts``,
 shared with the JAX substrate. Static shapes decide where they are fully
 known (no op is added). Where dimensions are unknown while tracing, every
 layout the known dimensions allow is kept, and the graph takes the first that
@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from stopgrad_math import identity, shape_checks
-from stopgrad_math.layouts import MUST_BE, Choice, Layout, candidates
+from stopgrad_math.shared.layouts import MUST_BE, Choice, Layout, candidates
+from stopgrad_math.tensorflow import identity, shape_checks
 
 __all__ = ["Choice", "Layout", "candidates", "zero_term"]
 

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import tolerances
-from stopgrad_math.gradient_report import (
+from stopgrad_math.shared import tolerances
+from stopgrad_math.shared.gradient_report import (
     ArgumentReport,
     GradientReport,
     central_differences,
@@ -17,7 +17,7 @@ from stopgrad_math.gradient_report import (
     compare,
     output_weights,
 )
-from stopgrad_math.identity import is_floating
+from stopgrad_math.tensorflow.identity import is_floating
 
 __all__ = ["ArgumentReport", "GradientReport", "assert_gradient", "check_gradient"]
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from stopgrad_math import layouts
+from stopgrad_math.shared import layouts
 
 # ---------------------------------------------------------------- static shapes
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math import identity, shape_checks, value_only_mode
+from stopgrad_math.tensorflow import identity, shape_checks, value_only_mode
 
 
 def stop_gradient(structure: Any) -> Any:

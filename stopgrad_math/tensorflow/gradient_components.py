@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import _tf_internal, identity
+from stopgrad_math.tensorflow import _tf_internal, identity
 
 _CONSTANTS = (type(None), bool, int, float, complex, str, bytes, np.ndarray, np.generic, tf.DType, tf.TensorShape)
 _COMPOSITES = (tf.RaggedTensor, tf.SparseTensor, tf.IndexedSlices)

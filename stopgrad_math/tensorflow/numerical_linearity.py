@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import identity, tolerances
+from stopgrad_math.shared import tolerances
+from stopgrad_math.tensorflow import identity
 
 _NOT_LINEAR = (
     "a custom gradient must be linear in the upstream gradient (clipping or normalizing "

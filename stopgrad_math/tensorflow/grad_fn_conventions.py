@@ -22,8 +22,9 @@ from typing import Any, cast
 
 import tensorflow as tf
 
-from stopgrad_math import bounded_cache, gradient_components, identity, shape_checks
-from stopgrad_math.gradient_components import Component, Flattened
+from stopgrad_math.shared import bounded_cache
+from stopgrad_math.tensorflow import gradient_components, identity, shape_checks
+from stopgrad_math.tensorflow.gradient_components import Component, Flattened
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import _tf_internal
+from stopgrad_math.tensorflow import _tf_internal
 
 FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 COMPLEX = (tf.complex64, tf.complex128)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from stopgrad_math import _tf_internal, identity
+from stopgrad_math.tensorflow import _tf_internal, identity
 
 MESSAGE = (
     "stopgrad_math.custom_gradient at order=1 holds grad_fn's Jacobian constant in the arguments, so a second "

@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import (
+from stopgrad_math.shared import arguments as arguments_of
+from stopgrad_math.shared import bounded_cache, function_identity
+from stopgrad_math.tensorflow import (
     _tf_internal,
-    bounded_cache,
-    function_identity,
     grad_fn_conventions,
     gradient_components,
     gradient_layout,
@@ -49,9 +49,8 @@ from stopgrad_math import (
     transposition,
     value_only_mode,
 )
-from stopgrad_math import arguments as arguments_of
-from stopgrad_math.grad_fn_conventions import Gradient
-from stopgrad_math.gradient_components import Component, Flattened
+from stopgrad_math.tensorflow.grad_fn_conventions import Gradient
+from stopgrad_math.tensorflow.gradient_components import Component, Flattened
 
 _NUMBERS = (bool, int, float, complex, np.ndarray, np.generic)
 

@@ -32,8 +32,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import _tf_internal, linear_ops, tolerances
-from stopgrad_math.linear_ops import Kind, Verdict
+from stopgrad_math.shared import tolerances
+from stopgrad_math.tensorflow import _tf_internal, linear_ops
+from stopgrad_math.tensorflow.linear_ops import Kind, Verdict
 
 SMALL_Y = 16  # elements of y up to which J is built from grad_fn on unit upstreams where the transpose fails
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math.identity_form import custom_gradient
-from stopgrad_math.stops import stop_gradient
+from stopgrad_math.tensorflow.identity_form import custom_gradient
+from stopgrad_math.tensorflow.stops import stop_gradient
 
 
 def partial_custom_gradient(f: Callable[..., Any], g: Callable[..., Any], x: Any, *others: Any) -> tf.Tensor:

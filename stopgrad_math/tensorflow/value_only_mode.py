@@ -25,7 +25,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math import _tf_internal, gradient_components
+from stopgrad_math.tensorflow import _tf_internal, gradient_components
 
 _ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("stopgrad_math_values_only", default=False)
 

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math import identity, shape_checks, value_only_mode
-from stopgrad_math.identity_form import numeric_scale, scaled_identity
+from stopgrad_math.tensorflow import identity, shape_checks, value_only_mode
+from stopgrad_math.tensorflow.identity_form import numeric_scale, scaled_identity
 
 
 def straight_through(forward: Any, backward: Any) -> tf.Tensor:

@@ -7,9 +7,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math import (
+from stopgrad_math.shared import arguments
+from stopgrad_math.tensorflow import (
     _tf_internal,
-    arguments,
     decorator_form,
     gradient_layout,
     identity,

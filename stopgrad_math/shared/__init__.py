@@ -1,0 +1,6 @@
+"""The rules every namespace shares, in pure Python: no framework is imported here.
+
+``layouts`` (what a gradient's shape means), ``arguments`` (how the two forms of ``custom_gradient`` read their
+arguments), ``tolerances`` (the one table of the numerical checks' bounds), ``gradient_report`` (the checker's
+report), ``function_identity`` (when two Python functions are the same) and ``bounded_cache``.
+"""
