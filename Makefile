@@ -46,8 +46,7 @@ test-mutants: $(VENV)/.installed-test
 test-tfp-sweep: $(VENV)/.installed-test
 	STOPGRAD_TFP_SWEEP=full TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest -n 2 -ra tests/test_tfp_sweep.py
 
-# The same suite in an environment of the oldest versions setup.cfg allows; pip's cache is shared with .venv. On
-# two workers (pytest-xdist), which halves its share of CI's time.
+# The same suite in an environment of the oldest versions setup.cfg allows; pip's cache is shared with .venv.
 $(OLDEST)/bin/python:
 	$(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
@@ -57,7 +56,7 @@ $(OLDEST)/.installed: $(OLDEST)/bin/python $(DEPS) $(OLDEST_PINS)
 	touch $@
 
 test-oldest: $(OLDEST)/.installed
-	TF_CPP_MIN_LOG_LEVEL=2 $(OLDEST)/bin/python -m pytest -n 2
+	TF_CPP_MIN_LOG_LEVEL=2 $(OLDEST)/bin/python -m pytest
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
