@@ -44,8 +44,9 @@ MESSAGES = {
 _fence_p = core.Primitive("stopgrad_math_fence")
 
 
-def _one(*watched: Any, depth: int, message: str) -> jax.Array:
-    del watched, depth, message
+def _one(*operands: Any, **params: Any) -> jax.Array:
+    """Both fences' value (and lowering): 1.0, whatever they watch."""
+    del operands, params
     return jnp.ones((), jnp.float32)
 
 
@@ -121,12 +122,11 @@ def _apart_batch(args: list[Any], dims: list[Any], *, message: str) -> tuple[Any
     return _apart_p.bind(*args, message=message), None
 
 
-_apart_p.def_impl(lambda *operands, message: jnp.ones((), jnp.float32))
+_apart_p.def_impl(_one)
 _apart_p.def_abstract_eval(lambda *operands, message: jax.core.ShapedArray((), jnp.float32))
 ad.primitive_jvps[_apart_p] = _apart_jvp
 batching.primitive_batchers[_apart_p] = _apart_batch
-mlir.register_lowering(_apart_p, mlir.lower_fun(lambda *operands, message: jnp.ones((), jnp.float32),
-                                                multiple_results=False))
+mlir.register_lowering(_apart_p, mlir.lower_fun(_one, multiple_results=False))
 
 
 def held_apart(value: jax.Array, others: list[jax.Array], message: str) -> jax.Array:
