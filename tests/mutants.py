@@ -166,7 +166,7 @@ MUTANTS = {
         (f"{_INSIDE_TFP}::test_a_recursive_bessel_gradient_under_tf_function_ends_its_recursion",
          f"{_INSIDE_TFP}::test_eager_calls_after_the_first_trace_nothing")),
     "a replica context takes grad_fn(1) for J": Mutant(
-        "stopgrad_math.tensorflow.decorator_form", "_replicated", _never_replicated,
+        "stopgrad_math.tensorflow.routes", "replicated", _never_replicated,
         (f"{_INSIDE_TFP}::test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise",)),
 }
 

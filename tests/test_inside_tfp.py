@@ -167,12 +167,12 @@ def test_eager_calls_after_the_first_trace_nothing(monkeypatch):
     """The route is kept per function and signature across TFP's fresh wrappers: a second eager call traces no
     grad_fn (it traced one at every call)."""
     from stopgrad_math.shared import bounded_cache
-    from stopgrad_math.tensorflow import decorator_form, transposition
+    from stopgrad_math.tensorflow import routes, transposition
 
     traced = []
     original = transposition.trace
     monkeypatch.setattr(transposition, "trace", lambda *a: traced.append(1) or original(*a))
-    monkeypatch.setattr(decorator_form, "_ROUTES", bounded_cache.BoundedCache(decorator_form.ROUTES_KEPT))
+    monkeypatch.setattr(routes, "_ROUTES", bounded_cache.BoundedCache(routes.ROUTES_KEPT))
     with on_the_library():
         fn = _value_and_gradient(REGRESSED["log_bessel_ive([1.5, 2.5, 0.5], z)"])
         fn(tf.constant(_Z))

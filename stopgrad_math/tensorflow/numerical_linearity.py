@@ -1,4 +1,4 @@
-"""Checks that a grad_fn is linear in the upstream gradient.
+"""Checks that a grad_fn is linear in the upstream gradient, and the route of one that cannot be traced.
 
 Any stop-gradient identity makes the backward pass linear in the upstream
 gradient: h's derivative is a fixed linear map J, and J·v is read off grad_fn
@@ -7,7 +7,9 @@ clipping, normalization) cannot be expressed: J·v would silently be its
 linearization at zero. These checks catch that: the cheap ones always, where
 the values are known while tracing (in eager mode a one-element y's grad_fn(0)
 once per input signature, as a trace would be), the superposition test on
-request.
+request. Where grad_fn cannot be traced into a graph (it reads tensor values
+in Python), its ops cannot be read, and ``tested_route`` decides the route
+from numerical evidence instead: a sample, not a proof.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 from stopgrad_math.shared import tolerances
-from stopgrad_math.tensorflow import identity
+from stopgrad_math.tensorflow import _tf_internal, evaluation, identity, transposition
+from stopgrad_math.tensorflow.evaluation import Plan, Probe, Untransposable
 
 _NOT_LINEAR = (
     "a custom gradient must be linear in the upstream gradient (clipping or normalizing "
@@ -64,3 +67,42 @@ def check_superposition(
         scale = tf.reduce_max(tf.abs(tf.concat([tf.reshape(rhs, [-1]), tf.zeros([1], rhs.dtype)], 0)))
         atol = rtol * scale
         tf.debugging.assert_near(lhs, rhs, rtol=rtol, atol=atol, message=f"grad_fn is not linear: {_NOT_LINEAR}")
+
+
+def tested_route(plan: Plan, one_element: bool, small: bool) -> transposition.Route:
+    """Where grad_fn cannot be traced: grad_fn(0) = 0, superposition on random upstreams, and for the transpose
+    a dot-product test; unit upstreams where the transpose fails and y is ``small``."""
+    outputs = plan.outputs.components
+    check_superposition(lambda ups: [g.values for g in plan.gradients_at(ups)],
+                        {i: tf.zeros_like(outputs[i].tensor) for i in plan.outputs.differentiable})
+    if one_element:
+        return transposition.Route.ONE_ELEMENT
+    probe = evaluation.probe(plan, persistent=True)
+    check_at_zero([g.values for g in probe.gradients], [g.name for g in probe.gradients])
+    try:
+        _dot_product_test(plan, probe)
+    except Untransposable as reason:
+        if not small:
+            raise ValueError(transposition.OPAQUE_MESSAGE.format(reason=reason)) from None
+        return transposition.Route.UNIT_UPSTREAMS
+    return transposition.Route.TRANSPOSE
+
+
+def _dot_product_test(plan: Plan, probe: Probe) -> None:
+    """⟨T(a), b⟩ = ⟨a, grad_fn(b)⟩ for random a, b, T the tape's transpose; else Untransposable."""
+    connected = probe.connected
+    a = [random_like(g.values, [1, k]) for k, g in enumerate(connected)]
+    b = {i: random_like(w, [2, k]) for k, (i, w) in enumerate(probe.upstreams.items())}
+    with _tf_internal.stop_recording():  # numbers to compare, nothing for the caller's tapes to keep
+        transposed = probe.transposed(connected, a)
+    # Not under stop_recording, which would stop the tapes grad_fn makes itself (a nested derivative).
+    direct = {g.name: g.values for g in plan.gradients_at(b)}
+    pairs_t = [(t, b_i) for t, b_i in zip(transposed, b.values(), strict=True) if t is not None]
+    pairs_d = [(a_g, direct[g.name]) for a_g, g in zip(a, connected, strict=True)]
+    unconnected = [direct[g.name] for g in probe.gradients if g not in connected]
+    dtype = plan.outputs.components[plan.outputs.differentiable[0]].tensor.dtype
+    if any(np.any(np.asarray(u) != 0) for u in unconnected):
+        raise Untransposable("grad_fn computes part of its result where no tape records it")
+    mismatch = transposition.dot_product_mismatch(pairs_t, pairs_d, dtype)
+    if mismatch is not None:
+        raise Untransposable(mismatch)

@@ -1,0 +1,195 @@
+"""The decorator's first stage: f evaluated on stopped arguments, and grad_fn on zero upstreams.
+
+``evaluate`` calls ``f(*args, **kwargs)`` once, with every differentiable
+argument stopped (at ``order=2``, at the midpoint ``stop(x) + (x −
+stop(x))/2``, equal to x bit for bit and moving at half speed), and keeps
+what the later stages need in a ``Plan``: y and its components, grad_fn, the
+arguments and the variables f reads. Keyword arguments are constants, held
+so that a derivative w.r.t. one raises, naming it. ``probe`` calls grad_fn on
+zero upstreams that a tape watches: its ops give the route, its tape J·v.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from stopgrad_math.shared import arguments as arguments_of
+from stopgrad_math.tensorflow import (
+    _tf_internal,
+    grad_fn_conventions,
+    gradient_components,
+    identity,
+    nested_calls,
+    transposition,
+    value_only_mode,
+)
+from stopgrad_math.tensorflow.grad_fn_conventions import Gradient
+from stopgrad_math.tensorflow.gradient_components import Component, Flattened
+
+_NUMBERS = (bool, int, float, complex, np.ndarray, np.generic)
+
+
+def call_f(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[..., Any]]:
+    """f's ``(y, grad_fn)``, each converted by AutoGraph where the caller's code is."""
+    result = _tf_internal.converted(f)(*args, **kwargs)
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
+        raise TypeError(f"{getattr(f, '__name__', f)} must return a pair (y, grad_fn); got {type(result).__name__}.")
+    return result[0], _tf_internal.converted(result[1])
+
+
+def _stopped(flat: Flattened) -> Any:
+    """The structure with every differentiable component stopped."""
+    return flat.with_tensors({i: flat.components[i].stopped for i in flat.differentiable})
+
+
+_KEYWORD = ("{label} is a keyword argument of {name}, which the decorator holds constant: grad_fn returns "
+            "gradients of the positional arguments alone, so a derivative w.r.t. {label} would be a silent 0. Pass "
+            "it positionally and return its gradient from grad_fn, or stop it (tf.stop_gradient).")
+
+
+def _constants(f: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments, constants: every tensor and variable in them held by a PreventGradient, so that a
+    tape or accumulator differentiating one raises, naming it, where a stop would give a silent 0."""
+    name = getattr(f, "__name__", repr(f))
+    held = {}
+    for keyword, value in kwargs.items():
+        flat = Flattened.of(value, keyword)
+        held[keyword] = flat.with_tensors({i: tf.raw_ops.PreventGradient(
+            input=flat.components[i].tensor, message=_KEYWORD.format(label=flat.components[i].name, name=name))
+            for i in flat.differentiable})
+    return held
+
+
+@dataclasses.dataclass
+class Plan:
+    """What one call embeds: f's value, its grad_fn, and the components of arguments and outputs."""
+
+    f: Callable[..., Any]
+    outputs: Flattened
+    grad_fn: Callable[..., Any]
+    arguments: Flattened
+    variables: list[Component]  # read inside f, when grad_fn gives their gradients
+    order: int
+    boxes: list[transposition.Box] = dataclasses.field(default_factory=list)  # nested decorated calls
+
+    def gradients(self, upstreams: dict[int, Any]) -> list[Gradient]:
+        """grad_fn(upstreams), checked and paired with the components they belong to."""
+        variables = [c.value for c in self.variables]
+        with nested_calls.evaluating(self.order, self.boxes, self.f):
+            grads, variable_grads = grad_fn_conventions.call(self.grad_fn, self.outputs, upstreams, variables)
+        pairs = grad_fn_conventions.match(grads, self.arguments)
+        if self.variables:
+            flat = list(variable_grads) if variable_grads is not None else []
+            if len(flat) != len(self.variables):
+                counts = len(flat), len(self.variables)
+                raise ValueError(f"grad_fn returned {counts[0]} variable gradients for {counts[1]} variables.")
+            pairs += [(c, g) for c, g in zip(self.variables, flat, strict=True) if g is not None]
+        return [grad_fn_conventions.checked(c, g) for c, g in pairs]
+
+    def gradients_at(self, upstreams: dict[int, tf.Tensor]) -> list[Gradient]:
+        """grad_fn on upstreams given as dense tensors, one per differentiable output (rebuilt as its kind)."""
+        return self.gradients({i: self.outputs.components[i].rebuild(d) for i, d in upstreams.items()})
+
+    def with_terms(self, terms: dict[int, list[tf.Tensor]]) -> Any:
+        """f's value with zero terms attached to output components: y bit for bit, derivative theirs."""
+        attached = {i: identity.attach(self.outputs.components[i].tensor, t) for i, t in terms.items() if t}
+        return self.outputs.with_tensors(attached)
+
+
+def _outputs(y: Any) -> Flattened:
+    # Numbers become tensors so that grad_fn gets an upstream for them, as with tf.custom_gradient.
+    if not isinstance(y, tf.Tensor):  # a lone tensor without nest's cost
+        y = tf.nest.map_structure(lambda t: tf.convert_to_tensor(t) if isinstance(t, _NUMBERS) else t, y)
+    return Flattened.of(y, "y")
+
+
+def evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int) -> Plan:
+    """f called on its stopped arguments (at ``order=2`` on the midpoint), and what it returned."""
+    args, kwargs = arguments_of.positional(f, args, kwargs)
+    arguments = Flattened.of(list(args), "args")
+    kwargs = _constants(f, kwargs)
+    stopped = {i: arguments.components[i].stopped for i in arguments.differentiable}
+    at = dict(zip(stopped, identity.unreachable(list(stopped.values())), strict=True)) if order == 1 else stopped
+    if order == 2:
+        # The midpoint stop(x) + u/2 equals x bit for bit (−0.0 too) and moves
+        # at half speed, which makes J·v exact to second order.
+        components = arguments.components
+        at = {i: t + identity.zero_with_slope(components[i].tensor, False, t) / 2 for i, t in at.items()}
+    with _tf_internal.VariableWatcher() as watcher:
+        y, grad_fn = call_f(f, tuple(arguments.with_tensors(at)), kwargs)
+    watched = watcher.watched_variables()
+    outputs = _outputs(y)
+    if order == 2:  # f ran at the midpoint; its value must not move with it, but must with variables it reads
+        y = _stopped(outputs) if not watched else call_f(f, tuple(arguments.with_tensors(stopped)), kwargs)[0]
+        outputs = _outputs(y)
+    variables = []
+    if watched and grad_fn_conventions.signature(grad_fn).takes_variables:
+        variables = [gradient_components.of(v.name, v) for v in watched]
+        outputs = _outputs(_stopped(outputs))  # grad_fn gives the variables' gradients: cut autodiff's path to them
+    return Plan(f, outputs, grad_fn, arguments, variables, order)
+
+
+def value_alone(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """values_only(): f's y, not differentiable w.r.t. the arguments or the variables f reads; no grad_fn call."""
+    args, kwargs = arguments_of.positional(f, args, kwargs)
+    arguments = Flattened.of(list(args), "args")
+    with _tf_internal.VariableWatcher() as watcher:
+        y = call_f(f, args, kwargs)[0]
+    sources = [arguments.components[i].unread for i in arguments.differentiable] + list(watcher.watched_variables())
+    return value_only_mode.undifferentiable(y, sources)
+
+
+class Untransposable(Exception):
+    """The tape's transpose of grad_fn is not the whole of it."""
+
+
+@dataclasses.dataclass
+class Probe:
+    """grad_fn called on zero upstreams that a tape watches: its ops say the route, its tape gives J·v."""
+
+    tape: tf.GradientTape
+    upstreams: dict[int, tf.Tensor]  # per differentiable output: the watched zeros
+    gradients: list[Gradient]
+    reached: list[bool]  # per gradient: whether the tape records it from the upstream
+    first_op: int  # in a graph: where grad_fn's ops begin
+
+    @property
+    def watched(self) -> list[tf.Tensor]:
+        return list(self.upstreams.values())
+
+    @property
+    def connected(self) -> list[Gradient]:
+        """The gradients the tape records from the upstreams."""
+        return [g for g, r in zip(self.gradients, self.reached, strict=True) if r]
+
+    def findings(self, plan: Plan) -> list[transposition.Finding]:
+        """While tracing: the ops grad_fn made, read as the route needs them."""
+        ops = tf.compat.v1.get_default_graph().get_operations()[self.first_op:]
+        return transposition.findings(ops, self.watched, [g.values for g in self.gradients], plan.boxes)
+
+    def transposed(self, gradients: list[Gradient], vectors: list[tf.Tensor]) -> list[Any]:
+        """J·vector for each watched upstream: grad_fn's ops differentiated against the vectors."""
+        if not gradients:
+            return [None] * len(self.upstreams)
+        try:
+            return list(self.tape.gradient([g.values for g in gradients], self.watched, output_gradients=vectors))
+        except LookupError as error:
+            raise Untransposable(str(error)) from error
+
+
+def probe(plan: Plan, persistent: bool, watch: bool = True) -> Probe:
+    """grad_fn on zero upstreams; ``watch``: a tape records it from them (the transpose needs one; for a y of
+    one element none does, so that decorated calls inside grad_fn take the upstream as the constant it is)."""
+    zeros = {i: tf.zeros_like(plan.outputs.components[i].tensor) for i in plan.outputs.differentiable}
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    first_op = len(graph.get_operations()) if graph is not None else 0
+    with tf.GradientTape(watch_accessed_variables=False, persistent=persistent) as tape:
+        tape.watch(list(zeros.values()) if watch else [])
+        gradients = plan.gradients_at(zeros)
+        reached = [_tf_internal.should_record_backprop([g.values]) for g in gradients]
+    return Probe(tape, zeros, gradients, reached, first_op)
