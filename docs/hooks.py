@@ -1,5 +1,6 @@
 """mkdocs hooks: the README (the front page), the changelog and the notebooks are pages read from where they
-live in the repository; every public name must have a docstring."""
+live in the repository; the README's links into docs/ are made relative to the site; every public name must have
+a docstring."""
 
 import inspect
 import logging
@@ -19,6 +20,13 @@ def on_files(files, config):
     for source in sources:
         files.append(File(source, str(ROOT), config.site_dir, config.use_directory_urls))
     return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    # On GitHub the README links to docs/tensorflow.md; in the site the README and docs/'s pages share one root.
+    if page.file.src_uri == "README.md":
+        return markdown.replace("](docs/", "](")
+    return markdown
 
 
 def on_pre_build(config):

@@ -441,7 +441,7 @@ def test_complex_arguments_and_outputs_follow_tfs_convention(name, mode):
         np.testing.assert_allclose(a, b, rtol=1e-13)
 
 
-# ---------------------------------------------------------------- the anchor's behaviour, as the README states it
+# ---------------------------------------------------------------- the anchor's behaviour, as the docs state it
 
 
 def test_tf_custom_gradient_refuses_a_keras_3_variable_argument_in_eager():

@@ -542,7 +542,7 @@ def test_jaxs_custom_gradient_cases_restated():
         jax.grad(sgm.custom_gradient(product))(3.0, 4.0)
 
 
-FORWARD_MODE_TABLE = {  # the README's table, row by row: what each tool does
+FORWARD_MODE_TABLE = {  # docs/jax.md's table, row by row: what each tool does
     "grad": lambda f: float(jax.grad(f)(100.0)),
     "jvp": lambda f: float(jax.jvp(f, (100.0,), (1.0,))[1]),
     "jacfwd": lambda f: float(jax.jacfwd(f)(jnp.array([100.0]))[0, 0]),

@@ -83,7 +83,7 @@ def test_the_wheel_builds_without_warnings_and_works_installed(tmp_path):
 
 def test_the_jax_namespace_has_the_tensorflow_namespaces_names():
     """Both __all__ lists are written out (the API reference reads them statically): this keeps them in step.
-    values_only() is TensorFlow's alone (JAX has no tape to switch off: the README)."""
+    values_only() is TensorFlow's alone (JAX has no tape to switch off: docs/jax.md)."""
     import stopgrad_math
     import stopgrad_math.jax
 

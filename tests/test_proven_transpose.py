@@ -228,7 +228,7 @@ def test_a_gradient_of_another_float_dtype_is_cast_to_the_arguments(mode, y_size
     np.testing.assert_array_equal(got[:y_size], 3.0 * UPSTREAM[:y_size])
 
 
-README_EXAMPLE = textwrap.dedent('''
+DECORATOR_EXAMPLE = textwrap.dedent('''
     import tensorflow as tf
     import stopgrad_math as sgm
 
@@ -250,9 +250,9 @@ README_EXAMPLE = textwrap.dedent('''
 ''')
 
 
-def test_the_readme_decorator_example_under_tf_function_draws_no_autograph_warning(tmp_path):
+def test_the_documented_decorator_example_under_tf_function_draws_no_autograph_warning(tmp_path):
     script = tmp_path / "example.py"
-    script.write_text(README_EXAMPLE)
+    script.write_text(DECORATOR_EXAMPLE)
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
     assert "AutoGraph" not in result.stderr and "Please report this" not in result.stderr, result.stderr
     np.testing.assert_allclose(np.array(result.stdout.strip(" []\n").split(), float),

@@ -138,7 +138,7 @@ def _plain(fn, x, upstream):
 @pytest.mark.parametrize("mode", MODES)
 def test_values_and_first_derivatives_are_those_without_the_guard_bit_for_bit(how, mode):
     """−0.0, inf and NaN in x and in the upstream: the guard adds −0.0, which changes no gradient's sign. At finite
-    x that is tf.custom_gradient's gradient; at non-finite x the decorator's own (README: the value wins)."""
+    x that is tf.custom_gradient's gradient; at non-finite x the decorator's own (the docs: the value wins)."""
     guarded = in_mode(lambda x, u: _watched(how, _log1pexp(custom_gradient), x, u), mode)(AWKWARD, UPSTREAM)
     unguarded = in_mode(lambda x, u: _plain(_log1pexp(custom_gradient), x, u), mode)(AWKWARD, UPSTREAM)
     theirs = in_mode(lambda x, u: _watched(how, _log1pexp(tf.custom_gradient), x, u), mode)(AWKWARD, UPSTREAM)

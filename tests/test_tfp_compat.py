@@ -6,7 +6,7 @@ more: eager, tf.function, XLA, and TF1 graphs with tf.gradients. Where tfp's
 derivative is right, ours must equal it; where it is wrong (a non-scalar fx,
 which tfp reads as "the gradient of the sum"), ours is checked against
 autodiff of the same formula and the test says why the two differ. The
-README's "Deliberate differences from tfp" table lists the same cases.
+docs/tensorflow.md's "Deliberate differences from tfp" table lists the same cases.
 """
 
 import numpy as np

@@ -212,8 +212,9 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
 
     The contract is documented on the public entry point,
     ``stopgrad_math.custom_gradient``, and the conventions for grad_fn and
-    the limits in the README's decorator section. The result
-    keeps f's name and docstring; f itself is its ``undecorated`` attribute.
+    the limits on the TensorFlow page of the docs (``docs/tensorflow.md``).
+    The result keeps f's name and docstring; f itself is its ``undecorated``
+    attribute.
     """
     arguments_of.check_options(order, check_linearity)
 

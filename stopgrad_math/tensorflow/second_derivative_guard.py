@@ -26,8 +26,8 @@ watching an argument; tf.function asks the same to choose its gradient
 functions), eagerly and while tracing. It is never built for a graph that
 no such tape watches while it is traced: a traced function called under a
 persistent tape has its backward pass differentiated for a first
-derivative, which would reach P. There the term stays missing (the README's
-limit).
+derivative, which would reach P. There the term stays missing (the TensorFlow
+page's limit, docs/tensorflow.md).
 """
 
 from __future__ import annotations
