@@ -34,8 +34,9 @@ lint: $(VENV)/.installed-test
 docs: $(VENV)/.installed-test
 	NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=3 $(BIN)/mkdocs build --strict
 
+# Two workers (pytest-xdist), one per core of the CI machine: the suite in about half the time.
 test: lint docs
-	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest
+	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest -n 2
 
 # Deliberately broken variants of the library (tests/mutants.py), each of which its tests must catch.
 test-mutants: $(VENV)/.installed-test
@@ -56,7 +57,7 @@ $(OLDEST)/.installed: $(OLDEST)/bin/python $(DEPS) $(OLDEST_PINS)
 	touch $@
 
 test-oldest: $(OLDEST)/.installed
-	TF_CPP_MIN_LOG_LEVEL=2 $(OLDEST)/bin/python -m pytest
+	TF_CPP_MIN_LOG_LEVEL=2 $(OLDEST)/bin/python -m pytest -n 2
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
