@@ -92,17 +92,17 @@ def _no_fence(original):
     return lambda v, watched, order, name: v
 
 
-def _multiply_no_nan_as_a_custom_jvp(original):
-    """The custom_jvp multiply_no_nan was: JAX inlines it without its rule where it hoists a loop's invariants."""
+def _zero_product_as_a_custom_jvp(original):
+    """The custom_jvp the product was: JAX inlines it without its rule where it hoists a loop's invariants."""
     import jax
     import jax.numpy as jnp
 
     @jax.custom_jvp
-    def multiply_no_nan(g, zero):
+    def zero_product(g, zero):
         return jnp.where(zero == 0, jnp.zeros((), jnp.result_type(g, zero)), g * zero)
 
-    multiply_no_nan.defjvp(lambda p, t: (multiply_no_nan(*p), p[0] * t[1] + t[0] * p[1]))
-    return multiply_no_nan
+    zero_product.defjvp(lambda p, t: (zero_product(*p), p[0] * t[1] + t[0] * p[1]))
+    return zero_product
 
 
 def _keywords_stopped(original):
@@ -151,8 +151,8 @@ MUTANTS = {
     "the JAX decorator never guards second derivatives": Mutant(
         "stopgrad_math.jax.second_derivative_guard", "guarded", _no_fence,
         (f"{_JAX}::test_order_1_second_derivatives_raise_naming_order_2",)),
-    "the JAX identity's multiply_no_nan is a custom_jvp": Mutant(
-        "stopgrad_math.jax.identity", "multiply_no_nan", _multiply_no_nan_as_a_custom_jvp,
+    "the JAX identity's zero product is a custom_jvp": Mutant(
+        "stopgrad_math.jax.identity", "zero_product", _zero_product_as_a_custom_jvp,
         ("tests/test_jax_second_derivative_guard.py::test_order_1_raises_and_order_2_is_exact_in_every_nesting",)),
     "the JAX decorator lets keyword arguments through unheld": Mutant(
         "stopgrad_math.jax.decorator_form", "_held_constant", _keywords_stopped,

@@ -11,7 +11,7 @@ proves it linear from its primitives (or names the one that is not); and
 v is +0.0 in value, so h is y bit for bit; the derivative of h w.r.t. x is
 J, and J's transpose, the reverse-mode product, is the VJP again. Where y has
 one element, J is vjp(1) and the identity form embeds it, ``h = y −
-Σ multiply_no_nan(vjp(1), v)``, which keeps an infinite derivative.
+Σ zero_product(vjp(1), v)``, which keeps an infinite derivative.
 
 At ``order=1`` everything the VJP closes over is stopped, so J is constant;
 ``second_derivative_guard`` makes a second derivative raise. At ``order=2``

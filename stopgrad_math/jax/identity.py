@@ -1,11 +1,11 @@
 """The stop-gradient identity in JAX: stop, the exact zero with slope one, and attaching terms to a value.
 
-    h = stop(f) − multiply_no_nan(stop(g), stop(x) − x)
+    h = stop(f) − zero_product(stop(g), stop(x) − x)
 
-``stop(x) − x`` is +0.0 for every finite x, and ``multiply_no_nan`` keeps
-the product +0.0 where g is inf or NaN, so ``f − (+0.0)`` is f bit for bit;
-the derivative of h is g. Made of ``jax.lax.stop_gradient``, arithmetic and
-one small primitive whose tangent is linear, so that ``grad``,
+``stop(x) − x`` is +0.0 for every finite x, and ``zero_product`` is the
+constant +0.0 in value whatever g is (inf, NaN), so ``f − (+0.0)`` is f bit
+for bit; the derivative of h is g. Made of ``jax.lax.stop_gradient``,
+arithmetic and one small primitive whose tangent is the product rule, so that ``grad``,
 ``jvp``, ``vmap``, ``jit`` and their compositions all see an ordinary function.
 """
 
@@ -24,61 +24,68 @@ from stopgrad_math.shared.layouts import Layout
 stop = jax.lax.stop_gradient
 
 
-_multiply_no_nan_p = core.Primitive("stopgrad_math_multiply_no_nan")
+_zero_product_p = core.Primitive("stopgrad_math_zero_product")
 
 
-def _masked_product(g: jax.Array, zero: jax.Array) -> jax.Array:
-    return jnp.where(zero == 0, jnp.zeros((), zero.dtype), g * zero)
+def _constant_zero(g: jax.Array, zero: jax.Array) -> jax.Array:
+    # The value reads neither factor: under jit, g then has one consumer (the derivative), and XLA fuses it there
+    # rather than materializing it for a value that is +0.0 anyway.
+    return jnp.zeros(zero.shape, zero.dtype)
 
 
-def _multiply_no_nan_jvp(primals: list[jax.Array], tangents: list[Any]) -> tuple[jax.Array, jax.Array]:
+def _zero_product_jvp(primals: list[jax.Array], tangents: list[Any]) -> tuple[jax.Array, jax.Array]:
     g, zero = primals
     dg, dzero = (ad.instantiate_zeros(t) for t in tangents)  # a NaN g's NaN·0 is kept: a lost derivative shows
-    return _multiply_no_nan_p.bind(g, zero), g * dzero + dg * zero
+    return _zero_product_p.bind(g, zero), g * dzero + dg * zero
 
 
-def _multiply_no_nan_transpose(ct: Any, g: Any, zero: Any) -> list[Any]:
+def _zero_product_transpose(ct: Any, g: Any, zero: Any) -> list[Any]:
     if type(ct) is ad.Zero:
         return [None, None]
     if ad.is_undefined_primal(zero) and not ad.is_undefined_primal(g):
         return [None, g * ct]
     if ad.is_undefined_primal(g) and not ad.is_undefined_primal(zero):
         return [zero * ct, None]
-    raise NotImplementedError("multiply_no_nan of two linear values is not linear")
+    raise NotImplementedError("the product of two linear values is not linear")
 
 
-def _multiply_no_nan_batch(args: list[jax.Array], dims: list[Any]) -> tuple[jax.Array, int]:
+def _zero_product_batch(args: list[jax.Array], dims: list[Any]) -> tuple[jax.Array, int]:
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     g, zero = (batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True))
-    return _multiply_no_nan_p.bind(g, zero), 0
+    return _zero_product_p.bind(g, zero), 0
 
 
-_multiply_no_nan_p.def_impl(_masked_product)
-_multiply_no_nan_p.def_abstract_eval(lambda g, zero: jax.core.ShapedArray(zero.shape, zero.dtype))
-mlir.register_lowering(_multiply_no_nan_p, mlir.lower_fun(_masked_product, multiple_results=False))
-ad.primitive_jvps[_multiply_no_nan_p] = _multiply_no_nan_jvp
-ad.primitive_transposes[_multiply_no_nan_p] = _multiply_no_nan_transpose
-batching.primitive_batchers[_multiply_no_nan_p] = _multiply_no_nan_batch
+_zero_product_p.def_impl(_constant_zero)
+_zero_product_p.def_abstract_eval(lambda g, zero: jax.core.ShapedArray(zero.shape, zero.dtype))
+mlir.register_lowering(_zero_product_p, mlir.lower_fun(_constant_zero, multiple_results=False))
+ad.primitive_jvps[_zero_product_p] = _zero_product_jvp
+ad.primitive_transposes[_zero_product_p] = _zero_product_transpose
+batching.primitive_batchers[_zero_product_p] = _zero_product_batch
 
 
-def multiply_no_nan(g: jax.Array, zero: jax.Array) -> jax.Array:
-    """g·zero, and +0.0 where zero is 0 whatever g is (inf, NaN); broadcasting.
+def zero_product(g: jax.Array, zero: jax.Array) -> jax.Array:
+    """g·zero where one factor is an exact zero in value: +0.0 whatever the other is (inf, NaN); broadcasting.
 
-    Its tangent is ``g·dzero + dg·zero``, the product rule written with plain
-    products: linear in the tangents, so forward and reverse mode agree and
-    every transform composes; an infinite g gives an infinite derivative (JAX
-    has no multiply_no_nan of its own, and the select that masks the value
-    would mask the derivative too). ``dg·zero`` is zero in value but keeps its
-    slope in zero, which second derivatives mixing g's arguments with x need
+    Every use in the library multiplies by ``stop(x) − x`` (+0.0, masked
+    where x is not finite) or multiplies ``a − stop(a)`` (+0.0 where it is
+    not masked) by a mask, so the product is +0.0 in value, and its value is
+    the constant +0.0: it does not read g, so XLA computes g once, for the
+    derivative alone, as ``jax.custom_jvp`` does. Its tangent is
+    ``g·dzero + dg·zero``, the product rule written with plain products:
+    linear in the tangents, so forward and reverse mode agree and every
+    transform composes; an infinite g gives an infinite derivative (JAX has
+    no multiply_no_nan, and a select that masked the value would mask the
+    derivative too). ``dg·zero`` is zero in value but keeps its slope in
+    zero, which second derivatives mixing g's arguments with x need
     (``partial_custom_gradient``). A primitive, not a ``jax.custom_jvp``:
-    differentiating a scan or fori_loop partially evaluates its body, where JAX
-    inlines a custom_jvp without its rule, and the select's derivative, 0, made
-    second derivatives through a loop silently wrong.
+    differentiating a scan or fori_loop partially evaluates its body, where
+    JAX inlines a custom_jvp without its rule, and second derivatives through
+    a loop were silently wrong.
     """
     dtype = jnp.result_type(g, zero)
     shape = jnp.broadcast_shapes(jnp.shape(g), jnp.shape(zero))
-    return _multiply_no_nan_p.bind(jnp.broadcast_to(jnp.asarray(g, dtype), shape),
-                                   jnp.broadcast_to(jnp.asarray(zero, dtype), shape))
+    return _zero_product_p.bind(jnp.broadcast_to(jnp.asarray(g, dtype), shape),
+                                jnp.broadcast_to(jnp.asarray(zero, dtype), shape))
 
 
 def is_inexact(dtype: Any) -> bool:
@@ -118,12 +125,12 @@ def zero_with_derivative_of(a: jax.Array) -> jax.Array:
     """+0.0 with a's derivative: a − stop(a) where a is finite.
 
     Where a is inf or NaN, a − stop(a) is NaN; the value is still +0.0 there
-    and the derivative NaN (multiply_no_nan by a 1/0 mask, whose tangent
+    and the derivative NaN (zero_product with a 1/0 mask, whose tangent
     keeps ``(a − stop(a))·0``), so a derivative lost to an inf or NaN is NaN,
     never a silent zero.
     """
     finite = jnp.isfinite(stop(a)).astype(a.dtype)
-    return multiply_no_nan(a - stop(a), finite)
+    return zero_product(a - stop(a), finite)
 
 
 def zero_with_gradient(x: Any) -> jax.Array:
@@ -155,7 +162,7 @@ def zero_term(layout: Layout, fx: jax.Array, x: jax.Array, g: jax.Array, zero: j
     caller has made it (the decorator's carries its guard)."""
     g = jnp.where(jnp.isfinite(stop(x)), g, jnp.zeros((), g.dtype))  # inf or NaN x: 0, never g·0 = NaN
     zero = zero_with_slope(x, slope_is_negative=True) if zero is None else zero
-    product = multiply_no_nan(g, zero.astype(fx.dtype))
+    product = zero_product(g, zero.astype(fx.dtype))
     if layout is Layout.ELEMENTWISE:
         return product
     if layout is Layout.JACOBIAN:

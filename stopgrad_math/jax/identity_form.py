@@ -43,7 +43,7 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
     respect to ``x`` (an array or a pytree; ``gx`` has its structure, None:
     no gradient for that leaf), under every transform:
 
-        h = stop(fx) − Σ multiply_no_nan(stop(gx), stop(x) − x)
+        h = stop(fx) − Σ zero_product(stop(gx), stop(x) − x)
 
     gx is read from its shape as on TensorFlow: ``fx.shape + x.shape`` is the
     Jacobian; a gx that broadcasts with x to ``fx.shape`` is elementwise; for
