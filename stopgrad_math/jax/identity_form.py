@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -118,9 +119,23 @@ def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False
     fx and gx read x stopped by construction (partial_custom_gradient), and the promise is not checked."""
     fx = identity.inexact_array(fx, "fx")
     planned = [(label, *_checked(fx, label, g, leaf)) for label, g, leaf in _leaves(gx, x) if g is not None]
-    if not fx_gx_manually_stopped:
+    promise = "stop" if not fx_gx_manually_stopped else "trust" if stopped_by_caller else "check"
+    labels, layouts_of = tuple(p[0] for p in planned), tuple(p[1] for p in planned)
+    return _embedded(fx, [p[2] for p in planned], [p[3] for p in planned], labels=labels, layouts=layouts_of,
+                     promise=promise)
+
+
+@functools.partial(jax.jit, static_argnames=("labels", "layouts", "promise"))
+def _embedded(fx: jax.Array, gs: list[jax.Array], xs: list[jax.Array], *, labels: tuple[str, ...],
+              layouts: tuple[Layout, ...], promise: str) -> jax.Array:
+    """stop(fx) − Σ zero_term(g, x), compiled once per layout, shape and dtype: eagerly one dispatch rather than
+    ten small ops, each of which a transform would trace anew. Under an outer jit it is inlined; every transform
+    sees through it. ``promise``: "stop" fx and gx, "check" that they are held apart from x
+    (fx_gx_manually_stopped=True), or "trust" the caller who stopped x (partial_custom_gradient)."""
+    planned = list(zip(labels, layouts, gs, xs, strict=True))
+    if promise == "stop":
         fx = identity.stop(fx)
         planned = [(label, layout, identity.stop(g), leaf) for label, layout, g, leaf in planned]
-    elif not stopped_by_caller:
+    elif promise == "check":
         fx, planned = _held_apart_from_x(fx, planned)
     return identity.attach(fx, [identity.zero_term(layout, fx, leaf, g) for _, layout, g, leaf in planned])
