@@ -121,8 +121,9 @@ def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False
     planned = [(label, *_checked(fx, label, g, leaf)) for label, g, leaf in _leaves(gx, x) if g is not None]
     promise = "stop" if not fx_gx_manually_stopped else "trust" if stopped_by_caller else "check"
     labels, layouts_of = tuple(p[0] for p in planned), tuple(p[1] for p in planned)
-    return _embedded(fx, [p[2] for p in planned], [p[3] for p in planned], labels=labels, layouts=layouts_of,
-                     promise=promise)
+    embedded: jax.Array = _embedded(fx, [p[2] for p in planned], [p[3] for p in planned], labels=labels,
+                                    layouts=layouts_of, promise=promise)
+    return embedded
 
 
 @functools.partial(jax.jit, static_argnames=("labels", "layouts", "promise"))
