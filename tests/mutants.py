@@ -118,6 +118,15 @@ def _by_id(original):
     return lambda f, depth=2: same(f)  # each of TFP's fresh wrappers another function
 
 
+def _arrays_baked_in(original):
+    import dataclasses
+
+    def opened(vjp):
+        found = original(vjp)  # the key as it is, the rebuild the first call's VJP, its arrays baked in
+        return None if found is None else dataclasses.replace(found, rebuild=lambda arrays: vjp)
+    return opened
+
+
 def _never_replicated(original):
     return lambda: False
 
@@ -165,6 +174,9 @@ MUTANTS = {
         "stopgrad_math.shared.function_identity", "key", _by_id,
         (f"{_INSIDE_TFP}::test_a_recursive_bessel_gradient_under_tf_function_ends_its_recursion",
          f"{_INSIDE_TFP}::test_eager_calls_after_the_first_trace_nothing")),
+    "the JAX decorator's compiled embedding bakes in the first call's arrays": Mutant(
+        "stopgrad_math.jax.vjp_closure", "opened", _arrays_baked_in,
+        ("tests/test_jax_compiled_embedding.py::test_a_known_signature_traces_nothing_and_reads_this_calls_arrays",)),
     "a replica context takes grad_fn(1) for J": Mutant(
         "stopgrad_math.tensorflow.routes", "replicated", _never_replicated,
         (f"{_INSIDE_TFP}::test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise",)),

@@ -27,7 +27,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import jax
@@ -37,9 +37,10 @@ from jax.extend import core
 from jax.extend import linear_util as lu
 from jax.interpreters import partial_eval as pe
 
-from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard
+from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard, vjp_closure
 from stopgrad_math.jax.linear_primitives import Finding, State
 from stopgrad_math.shared import arguments as arguments_of
+from stopgrad_math.shared import bounded_cache
 from stopgrad_math.shared.layouts import Layout
 
 # The order of the embedding whose VJP is being traced, while it is. A VJP may call decorated functions, its own f
@@ -355,23 +356,125 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     at = stopped
     if order == 2:
         at = {k: s + identity.zero_with_slope(leaves.values[k], False) / 2 for k, s in stopped.items()}
-    at_args = leaves.with_values(at)
-    y, vjp = _call_f(f, at_args, kwargs)
+    y, vjp = _call_f(f, leaves.with_values(at), kwargs)
     if order == 2:
         y = _call_f(f, leaves.with_values(stopped), kwargs)[0]
     outputs = _Leaves.of(y, "y")
     if not outputs.differentiable:
         return y
-    linear = _traced(f, vjp, tuple(at_args), names, leaves, outputs, order)
+    call = _Call(f, names, leaves, outputs, order, guard)
+    attached = _compiled(call, vjp)
+    if attached is None:
+        attached = _attached(call, vjp, [leaves.values[k] for k in leaves.differentiable],
+                             [outputs.values[k] for k in outputs.differentiable])
+    return outputs.with_values(dict(zip(outputs.differentiable, attached, strict=True)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One decorated call, after f: what the embedding of its VJP is built from."""
+
+    f: Callable[..., Any]
+    names: list[str]
+    leaves: _Leaves  # the arguments
+    outputs: _Leaves  # y
+    order: int
+    guard: bool
+
+    def over(self, arguments: list[jax.Array], ys: list[jax.Array]) -> _Call:
+        """The same call with other values of the differentiable leaves (tracers of its compiled embedding)."""
+        leaves, outputs = self.leaves, self.outputs
+        return dataclasses.replace(
+            self, leaves=dataclasses.replace(leaves, values=_replaced(leaves.values, leaves.differentiable, arguments)),
+            outputs=dataclasses.replace(outputs, values=_replaced(outputs.values, outputs.differentiable, ys)))
+
+
+def _replaced(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
+    replaced = list(values)
+    for k, value in zip(indices, new, strict=True):
+        replaced[k] = value
+    return replaced
+
+
+def _attached(call: _Call, vjp: Callable[[Any], Any], arguments: list[jax.Array],
+              ys: list[jax.Array]) -> list[jax.Array]:
+    """Each differentiable output with its zero term attached: the VJP traced, proven linear and transposed."""
+    call = call.over(arguments, ys)
+    leaves, outputs, order = call.leaves, call.outputs, call.order
+    linear = _traced(call.f, vjp, tuple(leaves.with_values({})), call.names, leaves, outputs, order)
     consts = list(linear.jaxpr.consts)
     watched = [leaves.values[k] for k in leaves.differentiable] + [c for c in consts if _is_differentiable(c)]
     if order == 1:
         consts = [identity.stop(c) if _is_differentiable(c) else c for c in consts]
     zeros = [identity.zero_with_slope(leaves.values[k], slope_is_negative=True) for k in linear.arguments]
-    if guard:
-        zeros = [second_derivative_guard.guarded(zero, watched, order, _name(f)) for zero in zeros]
-    terms = _terms(f, outputs, leaves, linear, consts, zeros)
-    return outputs.with_values({k: identity.attach(outputs.values[k], [t]) for k, t in terms.items()})
+    if call.guard:
+        zeros = [second_derivative_guard.guarded(zero, watched, order, _name(call.f)) for zero in zeros]
+    terms = _terms(call.f, outputs, leaves, linear, consts, zeros)
+    return [identity.attach(outputs.values[k], [terms[k]]) if k in terms else outputs.values[k]
+            for k in outputs.differentiable]
+
+
+# The compiled embeddings, by what determines them (``_signature``); an eager call with a known signature runs
+# one compiled computation, rather than tracing, proving and transposing its VJP again.
+EMBEDDINGS_KEPT = 256
+_EMBEDDINGS: bounded_cache.BoundedCache[Any] = bounded_cache.BoundedCache(EMBEDDINGS_KEPT)
+_TRACED_AT_EVERY_CALL = object()  # a signature whose VJP reads a residual's value in Python
+
+
+def _compiled(call: _Call, vjp: Callable[[Any], Any]) -> list[jax.Array] | None:
+    """``_attached``, compiled once per signature with the VJP's closed-over arrays as arguments; None where the
+    VJP cannot be keyed (``vjp_closure``) or reads a residual's value in Python, and is traced at every call."""
+    opened = vjp_closure.opened(vjp)
+    signature = None if opened is None else _signature(call, opened)
+    if opened is None or signature is None:
+        return None
+    compiled = _EMBEDDINGS.get(signature)
+    if compiled is _TRACED_AT_EVERY_CALL:
+        return None
+    if compiled is None:
+        # The template holds shapes, not the first call's arrays, which the cache would keep alive.
+        template = call.over([_shape_of(a) for a in _values(call.leaves)],
+                             [_shape_of(y) for y in _values(call.outputs)])
+        rebuild = opened.rebuild
+        compiled = jax.jit(lambda arguments, ys, arrays: _attached(template, rebuild(arrays), arguments, ys))
+    try:
+        attached: list[jax.Array] = compiled(_values(call.leaves), _values(call.outputs), opened.arrays)
+    except jax.errors.ConcretizationTypeError:  # as jax.custom_vjp's bwd, the VJP branches on a concrete residual
+        _EMBEDDINGS.put(signature, _TRACED_AT_EVERY_CALL)
+        return None
+    _EMBEDDINGS.put(signature, compiled)
+    return attached
+
+
+def _shape_of(array: jax.Array) -> Any:
+    return jax.ShapeDtypeStruct(array.shape, array.dtype)  # type: ignore[no-untyped-call]
+
+
+def _values(leaves: _Leaves) -> list[jax.Array]:
+    return [leaves.values[k] for k in leaves.differentiable]
+
+
+def _signature(call: _Call, opened: vjp_closure.Opened) -> Hashable | None:
+    """What the compiled embedding depends on: the VJP's key, the call's options and names, and each leaf of the
+    arguments and of y (a differentiable or array leaf by shape and dtype, another by value); None where a leaf
+    is of another kind."""
+    try:
+        leaves = tuple(_leaf_key(v) for v in call.leaves.values)
+        outputs = tuple(_leaf_key(v) for v in call.outputs.values)
+    except TypeError:
+        return None
+    return (opened.key, _name(call.f), tuple(call.names), call.order, call.guard,
+            jax.dtypes.canonicalize_dtype(np.float64),  # whether float64 is enabled
+            call.leaves.structure, leaves, tuple(call.leaves.differentiable), call.outputs.structure, outputs,
+            tuple(call.outputs.differentiable))
+
+
+def _leaf_key(value: Any) -> Hashable:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return vjp_closure.aval_key(value)
+    if type(value) in (type(None), bool, int, float, complex, str, bytes):
+        return type(value), value
+    raise TypeError(type(value).__name__)
 
 
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:

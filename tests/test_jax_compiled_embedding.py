@@ -1,0 +1,130 @@
+"""The JAX decorator's compiled embeddings: one per signature (``vjp_closure``'s key, the shapes), the VJP's arrays
+passed in. A known signature traces nothing; whatever changes the VJP's jaxpr makes a new one; what a key cannot
+capture is traced at every call, as before."""
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import stopgrad_math.jax as sgm  # noqa: E402
+from stopgrad_math.jax import decorator_form, vjp_closure  # noqa: E402
+from stopgrad_math.shared import bounded_cache  # noqa: E402
+
+X1, X2 = jnp.array([0.5, 1.0, 2.0]), jnp.array([-1.0, 0.25, 3.0])
+SCALE = 2.0
+CONSTANTS = types.ModuleType("constants")
+CONSTANTS.scale = 2.0
+WEIGHTS = jnp.array([1.0, 2.0, 3.0])
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    """A fresh cache, and the count of VJP traces (each a trace, proof and transpose)."""
+    monkeypatch.setattr(decorator_form, "_EMBEDDINGS", bounded_cache.BoundedCache(decorator_form.EMBEDDINGS_KEPT))
+    count = []
+    original = decorator_form._traced
+    monkeypatch.setattr(decorator_form, "_traced", lambda *a: count.append(1) or original(*a))
+    return count
+
+
+def _gradient(f, *args):
+    return jax.grad(lambda *a: jnp.sum(f(*a)), argnums=tuple(range(len(args))))(*args)
+
+
+@sgm.custom_gradient
+def _scaled_sin(x, a):
+    return a * jnp.sin(x), lambda ct: (ct * a * jnp.cos(x), jnp.sum(ct * jnp.sin(x)))
+
+
+def test_a_known_signature_traces_nothing_and_reads_this_calls_arrays(traces):
+    for x, a in [(X1, jnp.array(2.0)), (X2, jnp.array(-3.0)), (X1, jnp.array(0.5))]:
+        dx, da = _gradient(_scaled_sin, x, a)
+        np.testing.assert_allclose(dx, a * np.cos(x), rtol=1e-6)
+        np.testing.assert_allclose(da, np.sum(np.sin(x)), rtol=1e-6)
+        tangent = jax.jvp(_scaled_sin, (x, a), (jnp.ones(3), jnp.zeros(())))[1]
+        np.testing.assert_allclose(tangent, a * np.cos(x), rtol=1e-6)
+    assert len(traces) == 1  # the jvp's signature is the same call's: no trace of its own
+
+
+def _closing_over(scale):
+    @sgm.custom_gradient
+    def f(x):
+        return scale * jnp.sin(x), lambda ct: scale * ct * jnp.cos(x)
+    return f
+
+
+@sgm.custom_gradient
+def _reads_globals(x):
+    return jnp.sin(x), lambda ct: SCALE * CONSTANTS.scale * ct * jnp.cos(x) * WEIGHTS
+
+
+def test_a_new_closed_over_number_a_new_shape_and_a_changed_global_each_make_a_new_compilation(traces, monkeypatch):
+    for scale in (2.0, 3.0, 2.0):
+        np.testing.assert_allclose(_gradient(_closing_over(scale), X1)[0], scale * np.cos(X1), rtol=1e-6)
+    assert len(traces) == 2  # 2.0 again is the first one's
+    f = _closing_over(2.0)
+    np.testing.assert_allclose(_gradient(f, jnp.ones(4))[0], 2 * np.cos(np.ones(4)), rtol=1e-6)
+    assert len(traces) == 3
+    product = SCALE * CONSTANTS.scale * np.asarray(WEIGHTS)
+    np.testing.assert_allclose(_gradient(_reads_globals, X1)[0], product * np.cos(X1), rtol=1e-6)
+    for name, owner, value in [("SCALE", None, 5.0), ("scale", CONSTANTS, -1.0), ("WEIGHTS", None, jnp.ones(3))]:
+        monkeypatch.setattr(owner or sys.modules[__name__], name, value)
+        product = SCALE * CONSTANTS.scale * np.asarray(WEIGHTS)
+        np.testing.assert_allclose(_gradient(_reads_globals, X1)[0], product * np.cos(X1), rtol=1e-6, err_msg=name)
+    assert len(traces) == 3 + 4
+
+
+def test_what_a_key_cannot_capture_is_traced_at_every_call(traces):
+    seen = []
+
+    @sgm.custom_gradient
+    def appends(x):  # its closure holds a list the vjp changes: a key cannot capture it
+        def vjp(ct):
+            seen.append(ct.shape)
+            return 2 * ct
+        return 2 * x, vjp
+
+    @sgm.custom_gradient
+    def assigns(x):  # its vjp assigns to its closure
+        count = 0
+
+        def vjp(ct):
+            nonlocal count
+            count += 1
+            return 3 * ct
+        return 3 * x, vjp
+
+    for _ in range(2):
+        np.testing.assert_array_equal(_gradient(appends, X1)[0], np.full(3, 2.0))
+        np.testing.assert_array_equal(_gradient(assigns, X1)[0], np.full(3, 3.0))
+    assert len(seen) == 2 and len(traces) == 4
+
+
+@sgm.custom_gradient
+def _branches(x):  # reads its residual's value in Python, as jax.custom_vjp's bwd may outside jit
+    return 2 * x, lambda ct: (2 * ct) if float(x) > 0 else (3 * ct)
+
+
+def test_a_vjp_that_branches_on_a_concrete_residual_is_traced_at_every_call_and_right_each_time(traces):
+    for x, slope in [(1.0, 2.0), (-1.0, 3.0), (2.0, 2.0), (-2.0, 3.0)]:
+        assert float(jax.grad(_branches)(jnp.float32(x))) == slope
+
+
+def test_the_key_holds_shapes_and_numbers_and_the_arrays_go_in_as_arguments():
+    def make(a, scale):
+        return lambda ct: scale * a * ct
+
+    first, second = vjp_closure.opened(make(X1, 2.0)), vjp_closure.opened(make(X2, 2.0))
+    assert first.key == second.key and first.arrays[0] is X1 and second.arrays[0] is X2
+    assert vjp_closure.opened(make(X1, 3.0)).key != first.key
+    assert vjp_closure.opened(make(jnp.ones(4), 2.0)).key != first.key
+    assert vjp_closure.opened(make(np.float64(1.0), 2.0)).key != vjp_closure.opened(make(np.float32(1.0), 2.0)).key
+    np.testing.assert_array_equal(first.rebuild([X2])(1.0), 2.0 * X2)
+    for refused in ([1.0], {"a": 1.0}, object()):
+        assert vjp_closure.opened(make(refused, 2.0)) is None, refused
+    assert vjp_closure.opened(lambda ct: ct * np.ones(3)) is not None  # a module attribute, by identity
