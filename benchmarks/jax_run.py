@@ -1,15 +1,16 @@
 """python benchmarks/jax_run.py: the JAX rows of the speed suite, as ratios to jax.custom_jvp in one run.
 
-log1pexp under ``jit``, value + gradient and JVP, for the identity form and
-the decorator against ``jax.custom_jvp`` (the anchor), ``jax.custom_vjp``
-(no JVP) and plain autodiff of ``softplus`` (the floor). Each cell is timed
-in ``--blocks`` blocks; within a block the implementations run round-robin
-(drift hits all alike) and each block gives a median per implementation, so
-a ratio is reported as the median over blocks with its range, which is the
-run-to-run noise. Beside each ratio: the number of kernels in XLA's
-optimized HLO (fusions, reductions and custom calls of the entry
-computation: fusions, reductions, sorts, custom calls), which says whether a difference is structural. Imports JAX,
-never TensorFlow: a machine with JAX's CUDA build alone runs it on its GPU
+log1pexp under ``jit`` (value + gradient, JVP) and eagerly (value + gradient
+without ``jit``), for the identity form and the decorator against
+``jax.custom_jvp`` (the anchor), ``jax.custom_vjp`` (no JVP) and plain
+autodiff of ``softplus`` (the floor). Each cell is timed in ``--blocks``
+blocks; within a block the implementations run round-robin (drift hits all
+alike) and each block gives a median per implementation, so a ratio is
+reported as the median over blocks with its range, which is the run-to-run
+noise. Beside each jitted ratio: the number of kernels in XLA's optimized HLO
+(fusions, reductions, sorts and custom calls of the entry computation), which
+says whether a difference is structural. Imports JAX, never TensorFlow: a
+machine with JAX's CUDA build alone runs it on its GPU
 (``results/latest-jax-gpu.md``); elsewhere ``results/latest-jax.md``.
 """
 
@@ -31,7 +32,9 @@ import jax.numpy as jnp
 import stopgrad_math.jax as sgm
 
 ANCHOR = "jax.custom_jvp (anchor)"
-PHASES = ("value+grad", "jvp")
+JITTED = ("value+grad", "jvp")
+EAGER = "eager value+grad"  # no jit: what a call costs where each op is dispatched on its own
+PHASES = (*JITTED, EAGER)
 
 
 @jax.custom_jvp
@@ -61,7 +64,9 @@ NO_JVP = {"jax.custom_vjp"}  # jax.custom_vjp cannot be used in forward mode
 
 
 def programs(fn: Callable[[jax.Array], jax.Array], phase: str) -> Callable[[jax.Array], object]:
-    """The jitted program of a phase: value + gradient of sum(fn), or the JVP along ones."""
+    """The program of a phase: value + gradient of sum(fn), jitted or eager, or the jitted JVP along ones."""
+    if phase == EAGER:
+        return jax.value_and_grad(lambda x: jnp.sum(fn(x)))
     if phase == "value+grad":
         return jax.jit(jax.value_and_grad(lambda x: jnp.sum(fn(x))))
     return jax.jit(lambda x: jax.jvp(fn, (x,), (jnp.ones_like(x),)))
@@ -102,8 +107,8 @@ def run_cell(n: int, phase: str, blocks: int, min_time: float) -> list[dict]:
         rows.append({"n": n, "phase": phase, "implementation": name,
                      "seconds": statistics.median(block[name] for block in per_block),
                      "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-                     "kernels": kernels(compiled[name], x)})
-        print(f"n={n:>9} {phase:>10} {name:>24}: {rows[-1]['seconds'] * 1e6:10.1f} us  "
+                     "kernels": None if phase == EAGER else kernels(compiled[name], x)})
+        print(f"n={n:>9} {phase:>16} {name:>24}: {rows[-1]['seconds'] * 1e6:10.1f} us  "
               f"{rows[-1]['ratio']:.3f}x [{rows[-1]['ratio_min']:.3f}, {rows[-1]['ratio_max']:.3f}]  "
               f"{rows[-1]['kernels']} kernels", flush=True)
     return rows
@@ -111,10 +116,10 @@ def run_cell(n: int, phase: str, blocks: int, min_time: float) -> list[dict]:
 
 def markdown(rows: list[dict], device: str) -> str:
     sizes = sorted({row["n"] for row in rows})
-    lines = [f"# JAX: log1pexp under jit, {device}", "",
-             f"JAX {jax.__version__}. Median seconds of jitted calls; ratio to `{ANCHOR}` as the median over "
+    lines = [f"# JAX: log1pexp under jit and eagerly, {device}", "",
+             f"JAX {jax.__version__}. Median seconds of calls; ratio to `{ANCHOR}` as the median over "
              "blocks of interleaved calls, with its range over the blocks (run-to-run noise); kernels: XLA's "
-             "optimized HLO.", ""]
+             "optimized HLO of the jitted program.", ""]
     for phase in PHASES:
         lines += [f"## {phase}", "", "| implementation | " + " | ".join(f"n = {n:.0e}" for n in sizes) + " |",
                   "|---|" + "---|" * len(sizes)]
@@ -125,7 +130,8 @@ def markdown(rows: list[dict], device: str) -> str:
                            None)
                 cells.append("n/a (no forward mode)" if row is None else
                              f"{row['seconds'] * 1e6:.1f} µs, {row['ratio']:.2f}× "
-                             f"[{row['ratio_min']:.2f}–{row['ratio_max']:.2f}], {row['kernels']} kernels")
+                             f"[{row['ratio_min']:.2f}–{row['ratio_max']:.2f}]"
+                             + ("" if row["kernels"] is None else f", {row['kernels']} kernels"))
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
