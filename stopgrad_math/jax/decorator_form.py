@@ -97,7 +97,8 @@ class _Leaves:
         values = [v for _, v in pairs]
         differentiable = [k for k, v in enumerate(values) if _is_differentiable(v)]
         for k in differentiable:
-            values[k] = jnp.asarray(values[k])
+            if not isinstance(values[k], jax.Array):  # a Python or NumPy number; an array as it is, unconverted
+                values[k] = jnp.asarray(values[k])
         label = label or (lambda path: f"{prefix}{jax.tree_util.keystr(path)}")
         return cls([label(p) for p, _ in pairs], values, structure, differentiable)
 

@@ -101,10 +101,13 @@ def inexact_array(value: Any, what: str, dtype_hint: Any = None) -> jax.Array:
     if value is None or isinstance(value, (str, bytes, bool)):
         raise TypeError(f"{what} must be a floating or complex array; got {value!r:.60}.")
     number = isinstance(value, (int, float, complex))
-    try:
-        array = jnp.asarray(value, dtype=dtype_hint if number and dtype_hint is not None else None)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"{what} must be a floating or complex array; got {value!r:.60}.") from error
+    if isinstance(value, jax.Array):
+        array = value  # as it is: jnp.asarray would bind a conversion, which a transform would trace
+    else:
+        try:
+            array = jnp.asarray(value, dtype=dtype_hint if number and dtype_hint is not None else None)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"{what} must be a floating or complex array; got {value!r:.60}.") from error
     if not is_inexact(array.dtype):
         raise TypeError(f"{what} must be floating or complex, to have a derivative; got {array.dtype}.")
     return array

@@ -31,7 +31,7 @@ def _checked(fx: jax.Array, label: str, g: Any, x: Any) -> tuple[Layout, jax.Arr
         raise TypeError(f"The gradient for {label} or {label} is complex ({g.dtype}, {x.dtype}) for a real fx "
                         f"({fx.dtype}): a real function has no complex derivative.")
     choice = layouts.candidates(label, fx.shape, x.shape, g.shape)
-    return choice.layouts[0], g.astype(fx.dtype), x
+    return choice.layouts[0], g if g.dtype == fx.dtype else g.astype(fx.dtype), x
 
 
 def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manually_stopped: bool = False,
