@@ -19,6 +19,11 @@ f runs at the midpoint ``stop(x) + (x − stop(x))/2``, equal to x bit for bit
 and moving at half speed, which makes J·v exact to second order; y is
 computed at ``stop(x)`` by a second call, so that what f closes over keeps
 its autodiff.
+
+``vjp_conventions`` reads the arguments' leaves and the VJP's answer; all
+the work after f (``_attached``) is compiled once per signature
+(``_compiled``), with the key and the closed-over arrays from
+``vjp_closure``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from jax.interpreters import partial_eval as pe
 
 from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard, vjp_closure
 from stopgrad_math.jax.linear_primitives import Finding, State
+from stopgrad_math.jax.vjp_conventions import Leaves, argument_cotangents, call_f, is_differentiable, name_of
 from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.shared import bounded_cache
 from stopgrad_math.shared.layouts import Layout
@@ -58,55 +64,6 @@ def _evaluating(order: int) -> Iterator[None]:
         _EVALUATING.reset(token)
 
 
-def _name(f: Callable[..., Any]) -> str:
-    return getattr(f, "__name__", repr(f))
-
-
-def _call_f(f: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> tuple[Any, Callable[[Any], Any]]:
-    result = f(*args, **kwargs)
-    if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
-        raise TypeError(f"{_name(f)} must return a pair (y, vjp); got {type(result).__name__}.")
-    return result[0], result[1]
-
-
-def _is_differentiable(leaf: Any) -> bool:
-    """A floating or complex array or number: what JAX differentiates. Anything else passes through."""
-    if isinstance(leaf, (bool, np.bool_)) or not isinstance(leaf, (jax.Array, np.ndarray, np.generic, float, complex)):
-        return False
-    return identity.is_inexact(jnp.result_type(leaf))
-
-
-@dataclasses.dataclass
-class _Leaves:
-    """A pytree's leaves, with labels, and which of them are differentiable (as arrays)."""
-
-    labels: list[str]
-    values: list[Any]
-    structure: Any
-    differentiable: list[int]
-
-    @classmethod
-    def of_arguments(cls, args: tuple[Any, ...], names: list[str]) -> _Leaves:
-        """The leaves of the positional arguments, each labelled by its argument's name and its path in it."""
-        return cls.of(list(args), "", lambda path: f"{names[path[0].idx]}{jax.tree_util.keystr(path[1:])}")
-
-    @classmethod
-    def of(cls, tree: Any, prefix: str, label: Callable[[Any], str] | None = None) -> _Leaves:
-        """``label``: a leaf's path to its label; by default ``prefix`` and the path."""
-        pairs, structure = jax.tree_util.tree_flatten_with_path(tree)
-        values = [v for _, v in pairs]
-        differentiable = [k for k, v in enumerate(values) if _is_differentiable(v)]
-        for k in differentiable:
-            if not isinstance(values[k], jax.Array):  # a Python or NumPy number; an array as it is, unconverted
-                values[k] = jnp.asarray(values[k])
-        label = label or (lambda path: f"{prefix}{jax.tree_util.keystr(path)}")
-        return cls([label(p) for p, _ in pairs], values, structure, differentiable)
-
-    def with_values(self, replaced: dict[int, Any]) -> Any:
-        values = [replaced.get(k, v) for k, v in enumerate(self.values)]
-        return jax.tree_util.tree_unflatten(self.structure, values)
-
-
 _KEYWORD = ("{label} is a keyword argument of {name}, which the decorator holds constant: its vjp returns "
             "cotangents of the positional arguments alone, so a derivative w.r.t. {label} would be a silent 0. "
             "Pass it positionally and return its cotangent from the vjp, or stop it (jax.lax.stop_gradient).")
@@ -118,9 +75,9 @@ def _held_constant(f: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, A
     a silent zero."""
     held = {}
     for keyword, value in kwargs.items():
-        leaves = _Leaves.of(value, keyword)
+        leaves = Leaves.of(value, keyword)
         held[keyword] = leaves.with_values({k: second_derivative_guard.held_constant(
-            leaves.values[k], _KEYWORD.format(label=leaves.labels[k], name=_name(f))) for k in leaves.differentiable})
+            leaves.values[k], _KEYWORD.format(label=leaves.labels[k], name=name_of(f))) for k in leaves.differentiable})
     return held
 
 
@@ -142,72 +99,6 @@ class _LinearMap:
         return [results[j] for j in self.kept]
 
 
-def _cotangent_of_each_argument(result: Any, args: tuple[Any, ...], names: list[str],
-                                f: Callable[..., Any]) -> list[Any]:
-    """vjp's answer as one cotangent pytree (or None) per positional argument: a tuple of one per argument, or
-    for one argument its cotangent alone."""
-    sequence = isinstance(result, (tuple, list))
-    count = len(args)
-    if count == 1:
-        if sequence and len(result) == 1:
-            return [result[0]]
-        if not sequence or _matches(args[0], result):
-            return [result]
-    elif sequence and len(result) == count:
-        return list(result)
-    got = len(result) if sequence else 1
-    raise ValueError(f"The vjp of {_name(f)} returned {got} cotangent{'s' * (got != 1)} for {count} positional "
-                     f"argument{'s' * (count != 1)} ({', '.join(names)}): it returns one per argument, in a tuple "
-                     "where there are several (None for no gradient).")
-
-
-def _matches(argument: Any, cotangent: Any) -> bool:
-    """Whether the sequence cotangent is argument's cotangent: argument is a container of its structure."""
-    structure = jax.tree_util.tree_structure(argument)
-    if jax.tree_util.treedef_is_leaf(structure):  # an array's cotangent is an array, not a tuple of them
-        return False
-    try:
-        structure.flatten_up_to(cotangent)  # type: ignore[attr-defined]
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def _argument_cotangents(result: Any, args: tuple[Any, ...], leaves: _Leaves, names: list[str],
-                         f: Callable[..., Any]) -> dict[int, jax.Array]:
-    """The cotangent of each argument leaf that vjp gives one for (None and float0 zeros are no gradient),
-    cast to the leaf's dtype, its shape checked."""
-    per_argument = _cotangent_of_each_argument(result, args, names, f)
-    flat: list[Any] = []
-    for name, argument, ct in zip(names, args, per_argument, strict=True):
-        structure = jax.tree_util.tree_structure(argument)
-        if ct is None:
-            flat += [None] * len(jax.tree_util.tree_leaves(argument))
-            continue
-        try:
-            flat += structure.flatten_up_to(ct)  # type: ignore[attr-defined]  # in PyTreeDef, not in its stub
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"The vjp of {_name(f)} returned a cotangent for {name} of another structure "
-                             f"than the argument: {error}") from None
-    found = {}
-    for k, ct in enumerate(flat):
-        if ct is not None and getattr(ct, "dtype", None) != jax.dtypes.float0:
-            ct = jnp.asarray(ct)  # a constant's must be proven zero: its gradient would be lost
-            found[k] = _checked(f, leaves.labels[k], leaves.values[k], ct) if k in leaves.differentiable else ct
-    return found
-
-
-def _checked(f: Callable[..., Any], label: str, x: jax.Array, ct: jax.Array) -> jax.Array:
-    """ct in x's dtype; ValueError or TypeError naming ``label`` where its shape or kind is not x's."""
-    if ct.shape != x.shape:
-        raise ValueError(f"The vjp of {_name(f)} returned a cotangent of shape {ct.shape} for {label} of shape "
-                         f"{x.shape}: a cotangent has its argument's shape.")
-    if identity.is_complex(ct.dtype) and not identity.is_complex(x.dtype):
-        raise TypeError(f"The vjp of {_name(f)} returned a complex cotangent ({ct.dtype}) for the real {label} "
-                        f"({x.dtype}).")
-    return ct.astype(x.dtype)
-
-
 def _staged(function: Callable[..., list[jax.Array]], avals: list[jax.ShapeDtypeStruct]) -> tuple[Any, set[int]]:
     """function's jaxpr as a ClosedJaxpr, and the results known to be zero where that is not in the jaxpr.
 
@@ -222,7 +113,7 @@ def _staged(function: Callable[..., list[jax.Array]], avals: list[jax.ShapeDtype
         pass
     if hasattr(core, "DebugInfo"):  # JAX from 0.5 names what it traces; 0.4.35 takes no name
         names = tuple(f"cotangent{k}" for k in range(len(avals)))
-        wrapped = lu.wrap_init(function, debug_info=core.DebugInfo("custom_gradient", _name(function), names, None))
+        wrapped = lu.wrap_init(function, debug_info=core.DebugInfo("custom_gradient", name_of(function), names, None))
     else:
         wrapped = lu.wrap_init(function)
     unknown = [pe.PartialVal.unknown(jax.core.ShapedArray(a.shape, a.dtype)) for a in avals]
@@ -241,7 +132,7 @@ def _concrete_zero(value: Any) -> bool:
 
 
 def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, ...], names: list[str],
-            leaves: _Leaves, outputs: _Leaves, order: int) -> _LinearMap:
+            leaves: Leaves, outputs: Leaves, order: int) -> _LinearMap:
     """vjp traced on cotangents of y's differentiable leaves, proven linear; ValueError naming what is not."""
     avals = [jax.ShapeDtypeStruct(outputs.values[k].shape, outputs.values[k].dtype)  # type: ignore[no-untyped-call]
              for k in outputs.differentiable]
@@ -252,7 +143,7 @@ def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, .
     def cotangents(*cts: jax.Array) -> list[jax.Array]:
         with _evaluating(order):
             result = vjp(outputs.with_values({**fixed, **dict(zip(outputs.differentiable, cts, strict=True))}))
-        by_leaf = _argument_cotangents(result, args, leaves, names, f)
+        by_leaf = argument_cotangents(result, args, leaves, names, f)
         found[:] = list(by_leaf)
         return list(by_leaf.values())
 
@@ -262,19 +153,19 @@ def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, .
     for k, state in zip(found, states, strict=True):
         label = leaves.labels[k]
         if isinstance(state, Finding) and state.unknown:
-            raise ValueError(f"The vjp of {_name(f)} uses {state.place} on the path to the cotangent for {label}, "
+            raise ValueError(f"The vjp of {name_of(f)} uses {state.place} on the path to the cotangent for {label}, "
                              "a primitive stopgrad_math.jax.linear_primitives does not know: its "
                              "linearity is not proven, so the vjp cannot be embedded (the identity's backward pass is "
                              "linear). If it is linear, its row belongs in that table.")
         if isinstance(state, Finding):
-            raise ValueError(f"The vjp of {_name(f)} is not linear in its cotangent, so it cannot be embedded "
+            raise ValueError(f"The vjp of {name_of(f)} is not linear in its cotangent, so it cannot be embedded "
                              f"(the identity's backward pass is linear): {state}, on the path to the cotangent "
                              f"for {label}.")
         if state is State.CONST:
-            raise ValueError(f"The vjp of {_name(f)} returns a cotangent for {label} that does not depend on the "
+            raise ValueError(f"The vjp of {name_of(f)} returns a cotangent for {label} that does not depend on the "
                              "cotangent of y and is not provably zero: an affine map, not a VJP.")
         if state is State.LINEAR and k not in leaves.differentiable:
-            raise ValueError(f"The vjp of {_name(f)} returns a cotangent for {label}, which is not differentiable "
+            raise ValueError(f"The vjp of {name_of(f)} returns a cotangent for {label}, which is not differentiable "
                              f"({type(leaves.values[k]).__name__}): it would be lost. Return None for it.")
         kept.append(state is State.LINEAR)
     return _LinearMap(closed, avals, [k for k, keep in zip(found, kept, strict=True) if keep],
@@ -284,7 +175,7 @@ def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, .
 # ---------------------------------------------------------------- the embedding
 
 
-def _one_element(outputs: _Leaves, leaves: _Leaves, linear: _LinearMap) -> bool:
+def _one_element(outputs: Leaves, leaves: Leaves, linear: _LinearMap) -> bool:
     """Whether J is vjp(1): one differentiable output of one element, complex exactly where the arguments are
     (a real output of a complex argument, or the reverse, has a J that vjp(1) does not hold whole)."""
     if len(outputs.differentiable) != 1:
@@ -294,7 +185,7 @@ def _one_element(outputs: _Leaves, leaves: _Leaves, linear: _LinearMap) -> bool:
     return y.size == 1 and all(identity.is_complex(leaves.values[k].dtype) == complex_y for k in linear.arguments)
 
 
-def _terms(f: Callable[..., Any], outputs: _Leaves, leaves: _Leaves, linear: _LinearMap, consts: list[Any],
+def _terms(f: Callable[..., Any], outputs: Leaves, leaves: Leaves, linear: _LinearMap, consts: list[Any],
            vs: list[jax.Array]) -> dict[int, jax.Array]:
     """The zero term of each differentiable output: +0.0 with derivative J; ``vs``: stop(x) − x for each argument
     leaf of ``linear.arguments``."""
@@ -331,7 +222,7 @@ def _products_by_columns(f: Callable[..., Any], linear: _LinearMap, consts: list
     rows, columns = sum(sizes), sum(identity.size(v.shape) for v in vs)
     if rows * columns > COLUMNS_KEPT:
         raise ValueError(
-            f"The vjp of {_name(f)} is linear, but this version of JAX ({jax.__version__}) cannot transpose it "
+            f"The vjp of {name_of(f)} is linear, but this version of JAX ({jax.__version__}) cannot transpose it "
             f"({type(error).__name__} in jax.linear_transpose: {str(error).splitlines()[0] if str(error) else ''}), "
             f"and its Jacobian, of {rows} by {columns} elements, is too large to build by columns (over "
             f"{COLUMNS_KEPT}).") from error
@@ -350,17 +241,17 @@ def _products_by_columns(f: Callable[..., Any], linear: _LinearMap, consts: list
 
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any], order: int,
            guard: bool) -> Any:
-    leaves = _Leaves.of_arguments(args, names)
+    leaves = Leaves.of_arguments(args, names)
     if not leaves.differentiable:
-        return _call_f(f, args, kwargs)[0]
+        return call_f(f, args, kwargs)[0]
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     at = stopped
     if order == 2:
         at = {k: s + identity.zero_with_slope(leaves.values[k], False) / 2 for k, s in stopped.items()}
-    y, vjp = _call_f(f, leaves.with_values(at), kwargs)
+    y, vjp = call_f(f, leaves.with_values(at), kwargs)
     if order == 2:
-        y = _call_f(f, leaves.with_values(stopped), kwargs)[0]
-    outputs = _Leaves.of(y, "y")
+        y = call_f(f, leaves.with_values(stopped), kwargs)[0]
+    outputs = Leaves.of(y, "y")
     if not outputs.differentiable:
         return y
     call = _Call(f, names, leaves, outputs, order, guard)
@@ -377,8 +268,8 @@ class _Call:
 
     f: Callable[..., Any]
     names: list[str]
-    leaves: _Leaves  # the arguments
-    outputs: _Leaves  # y
+    leaves: Leaves  # the arguments
+    outputs: Leaves  # y
     order: int
     guard: bool
 
@@ -404,12 +295,12 @@ def _attached(call: _Call, vjp: Callable[[Any], Any], arguments: list[jax.Array]
     leaves, outputs, order = call.leaves, call.outputs, call.order
     linear = _traced(call.f, vjp, tuple(leaves.with_values({})), call.names, leaves, outputs, order)
     consts = list(linear.jaxpr.consts)
-    watched = [leaves.values[k] for k in leaves.differentiable] + [c for c in consts if _is_differentiable(c)]
+    watched = [leaves.values[k] for k in leaves.differentiable] + [c for c in consts if is_differentiable(c)]
     if order == 1:
-        consts = [identity.stop(c) if _is_differentiable(c) else c for c in consts]
+        consts = [identity.stop(c) if is_differentiable(c) else c for c in consts]
     zeros = [identity.zero_with_slope(leaves.values[k], slope_is_negative=True) for k in linear.arguments]
     if call.guard:
-        zeros = [second_derivative_guard.guarded(zero, watched, order, _name(call.f)) for zero in zeros]
+        zeros = [second_derivative_guard.guarded(zero, watched, order, name_of(call.f)) for zero in zeros]
     terms = _terms(call.f, outputs, leaves, linear, consts, zeros)
     return [identity.attach(outputs.values[k], [terms[k]]) if k in terms else outputs.values[k]
             for k in outputs.differentiable]
@@ -451,7 +342,7 @@ def _shape_of(array: jax.Array) -> Any:
     return jax.ShapeDtypeStruct(array.shape, array.dtype)  # type: ignore[no-untyped-call]
 
 
-def _values(leaves: _Leaves) -> list[jax.Array]:
+def _values(leaves: Leaves) -> list[jax.Array]:
     return [leaves.values[k] for k in leaves.differentiable]
 
 
@@ -464,7 +355,7 @@ def _signature(call: _Call, opened: vjp_closure.Opened) -> Hashable | None:
         outputs = tuple(_leaf_key(v) for v in call.outputs.values)
     except TypeError:
         return None
-    return (opened.key, _name(call.f), tuple(call.names), call.order, call.guard,
+    return (opened.key, name_of(call.f), tuple(call.names), call.order, call.guard,
             jax.dtypes.canonicalize_dtype(np.float64),  # whether float64 is enabled
             call.leaves.structure, leaves, tuple(call.leaves.differentiable), call.outputs.structure, outputs,
             tuple(call.outputs.differentiable))
@@ -494,7 +385,7 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
         kwargs = _held_constant(f, kwargs)
         evaluating = _EVALUATING.get()
         if evaluating == 1:  # inside a VJP of order 1: everything is stopped, the value is all that is needed
-            return _call_f(f, args, kwargs)[0]
+            return call_f(f, args, kwargs)[0]
         if evaluating == 2:  # inside a VJP of order 2: its arguments move with x, at first order
             return _embed(f, args, names, kwargs, order=1, guard=False)
         return _embed(f, args, names, kwargs, order, guard=True)
