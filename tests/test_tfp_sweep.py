@@ -127,6 +127,14 @@ def _value_and_gradient(fn, arguments):
     return run, tensors
 
 
+def _within_compiled_ulps(a, b):
+    try:
+        np.testing.assert_array_max_ulp(np.asarray(a), np.asarray(b), maxulp=COMPILED_ULPS)
+    except AssertionError:
+        return False
+    return True
+
+
 def _same_bits(a, b):
     return np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
 
@@ -194,7 +202,10 @@ def test_value_bit_for_bit_and_gradient_as_tfps(entry, mode):
         got = _numbers(in_mode(run, mode)(*tensors))
     if not calls.count:
         pytest.skip(f"{entry.id}: does not reach TFP's factory at the sweep's point")
-    if not _same_bits(got[0], want[0]):
+    # Compiled, a value within COMPILED_ULPS of TFP's is compared as such below, gradients too: a fusion that
+    # moves it is not a sample (two Bessel functions, compiled, once took the branch below and skipped their
+    # gradients).
+    if not _same_bits(got[0], want[0]) and (mode == "eager" or not _within_compiled_ulps(got[0], want[0])):
         alone = _numbers(in_mode(lambda *t: target(**dict(zip(arguments, t, strict=True))), mode)(*tensors))
         if not _same_bits(alone, want[0]):
             # TFP's own value changes with a tape: a sampler behind its implementation selection (Grappler swaps
