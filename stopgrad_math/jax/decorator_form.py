@@ -166,7 +166,8 @@ def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, .
                              "cotangent of y and is not provably zero: an affine map, not a VJP.")
         if state is State.LINEAR and k not in leaves.differentiable:
             raise ValueError(f"The vjp of {name_of(f)} returns a cotangent for {label}, which is not differentiable "
-                             f"({type(leaves.values[k]).__name__}): it would be lost. Return None for it.")
+                             f"({getattr(leaves.values[k], 'dtype', type(leaves.values[k]).__name__)}): it would be "
+                             "lost. Return None for it.")
         kept.append(state is State.LINEAR)
     return _LinearMap(closed, avals, [k for k, keep in zip(found, kept, strict=True) if keep],
                       [j for j, keep in enumerate(kept) if keep])
@@ -281,6 +282,20 @@ class _Call:
             outputs=dataclasses.replace(outputs, values=_replaced(outputs.values, outputs.differentiable, ys)))
 
 
+    def shapes(self) -> _Call:
+        """The call with each array leaf, differentiable or not, a ShapeDtypeStruct: what a compiled embedding is
+        built from, which keeps none of this call's arrays alive in the cache."""
+        return dataclasses.replace(self, leaves=_shapes(self.leaves), outputs=_shapes(self.outputs))
+
+
+def _shapes(leaves: Leaves) -> Leaves:
+    return dataclasses.replace(leaves, values=[_shape_of(v) if _is_array_like(v) else v for v in leaves.values])
+
+
+def _is_array_like(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
 def _replaced(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
     replaced = list(values)
     for k, value in zip(indices, new, strict=True):
@@ -324,9 +339,7 @@ def _compiled(call: _Call, vjp: Callable[[Any], Any]) -> list[jax.Array] | None:
     if compiled is _TRACED_AT_EVERY_CALL:
         return None
     if compiled is None:
-        # The template holds shapes, not the first call's arrays, which the cache would keep alive.
-        template = call.over([_shape_of(a) for a in _values(call.leaves)],
-                             [_shape_of(y) for y in _values(call.outputs)])
+        template = call.shapes()
         rebuild = opened.rebuild
         compiled = jax.jit(lambda arguments, ys, arrays: _attached(template, rebuild(arrays), arguments, ys))
     try:
@@ -362,7 +375,7 @@ def _signature(call: _Call, opened: vjp_closure.Opened) -> Hashable | None:
 
 
 def _leaf_key(value: Any) -> Hashable:
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
+    if _is_array_like(value):
         return vjp_closure.aval_key(value)
     if type(value) in (type(None), bool, int, float, complex, str, bytes):
         return type(value), value

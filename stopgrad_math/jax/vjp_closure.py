@@ -151,9 +151,7 @@ def _global_key(value: Any, depth: int, names: frozenset[str]) -> Hashable:
     if type(value) in _BY_VALUE:
         return type(value), value
     if isinstance(value, types.ModuleType):
-        attributes = tuple((name, _attribute_key(getattr(value, name), depth - 1, names))
-                           for name in sorted(names) if hasattr(value, name))
-        return same(value), attributes
+        return same(value), _attributes(value, depth - 1, names)
     if isinstance(value, _BY_IDENTITY) or (isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)):
         return same(value)
     if type(value) is tuple:
@@ -169,9 +167,14 @@ def _attribute_key(value: Any, depth: int, names: frozenset[str]) -> Hashable:
     if type(value) in _BY_VALUE:
         return type(value), value
     if isinstance(value, types.ModuleType) and depth > 0:
-        return same(value), tuple((name, _attribute_key(getattr(value, name), depth - 1, names))
-                                  for name in sorted(names) if hasattr(value, name))
+        return same(value), _attributes(value, depth - 1, names)
     return same(value)
+
+
+def _attributes(module: types.ModuleType, depth: int, names: frozenset[str]) -> Hashable:
+    """The module's attributes of the names the code reads, each by ``_attribute_key``."""
+    return tuple((name, _attribute_key(getattr(module, name), depth, names))
+                 for name in sorted(names) if hasattr(module, name))
 
 
 def _function_key(fn: types.FunctionType, depth: int) -> Hashable:
