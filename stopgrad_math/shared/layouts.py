@@ -35,6 +35,9 @@ class Layout(enum.Enum):
     SUM = "tfp's rule, the gradient of sum(fx): gx broadcasts to x.shape"
 
 
+_IN_ORDER = tuple(Layout)  # a tuple, which torch.compile's tracer iterates (an Enum class it does not, in torch 2.5)
+
+
 class _Never:
     """No broadcast exists (a shape of its own, apart from None, the unknown rank)."""
 
@@ -130,12 +133,13 @@ class Choice:
     static: bool
 
 
-def candidates(name: str, fx: Shape, x: Shape, gx: Shape) -> Choice:
+def candidates(name: str, fx: Shape, x: Shape, gx: Shape, cached: bool = True) -> Choice:
     """The layouts to choose from: the one that fits where shapes are known, else all that may fit.
 
-    Raises ValueError, naming the argument and the shapes, where none may fit.
+    Raises ValueError, naming the argument and the shapes, where none may fit. ``cached=False`` while a tracer
+    that reads Python (torch.compile's) traces the call: it would trace past the cache anyway.
     """
-    choice = _choice(fx, x, gx)
+    choice = _choice(fx, x, gx) if cached else _choice.__wrapped__(fx, x, gx)
     if not choice.layouts:
         raise ValueError(misfit(name, fx, x, gx))
     return choice
@@ -143,6 +147,6 @@ def candidates(name: str, fx: Shape, x: Shape, gx: Shape) -> Choice:
 
 @functools.lru_cache(maxsize=1024)  # calls and traces see the same few shapes again and again
 def _choice(fx: Shape, x: Shape, gx: Shape) -> Choice:
-    fitting = tuple(layout for layout in Layout if _may_fit(layout, fx, x, gx))
+    fitting = tuple(layout for layout in _IN_ORDER if _may_fit(layout, fx, x, gx))
     static = all(fully_known(shape) for shape in (fx, x, gx))
     return Choice(fitting[:1] if static else fitting, static)

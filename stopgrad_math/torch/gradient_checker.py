@@ -1,0 +1,183 @@
+"""check_gradient in PyTorch: a function's reverse- and forward-mode derivatives against central differences."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.autograd.forward_ad as forward_ad
+from torch.utils import _pytree as pytree
+
+from stopgrad_math.shared import tolerances
+from stopgrad_math.shared.gradient_report import (
+    GradientReport,
+    central_differences,
+    check_options,
+    compare,
+    output_weights,
+)
+
+__all__ = ["GradientReport", "assert_gradient", "check_gradient"]
+
+
+def _floating(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
+
+
+def _weighted_sum(fn: Callable[..., Any], args: Sequence[Any], weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """⟨w, fn(*args)⟩ over every floating output leaf, in float64 (w is zero where the output is not finite)."""
+    total = torch.zeros((), dtype=torch.float64)
+    for out, w in zip(pytree.tree_leaves(fn(*args)), weights, strict=True):
+        if _floating(out):
+            product = out.to(torch.float64) * w.to(out.device)
+            total = total + torch.where(w.to(out.device) == 0, 0.0, product).sum().cpu()
+    return total
+
+
+def _output_values(fn: Callable[..., Any], args: Sequence[Any]) -> list[np.ndarray | float]:
+    """fn's output leaves at the point in float64 (a non-floating one as zeros), for ``output_weights``."""
+    with torch.no_grad():
+        outs = pytree.tree_leaves(fn(*args))
+    return [out.detach().to(torch.float64).cpu().numpy() if _floating(out) else np.zeros(np.shape(out))
+            for out in outs]
+
+
+@dataclasses.dataclass
+class _Point:
+    """The arguments' leaves, flat, and how to put them back; each checked leaf is moved alone."""
+
+    leaves: list[Any]
+    paths: list[tuple[Any, ...]]
+    structure: Any
+
+    @classmethod
+    def of(cls, args: Sequence[Any]) -> _Point:
+        pairs, structure = pytree.tree_flatten_with_path(tuple(args))
+        leaves = [_leaf_point(value, path) for path, value in pairs]
+        return cls(leaves, [path for path, _ in pairs], structure)
+
+    def args(self, index: int | None = None, value: Any = None) -> tuple[Any, ...]:
+        leaves = list(self.leaves)
+        if index is not None:
+            leaves[index] = value
+        return tuple(pytree.tree_unflatten(leaves, self.structure))
+
+    def label(self, index: int) -> tuple[int, str]:
+        """(the argument's position, the leaf's path inside it)."""
+        path = self.paths[index]
+        return int(path[0].idx), pytree.keystr(path[1:])
+
+
+def _leaf_point(value: Any, path: tuple[Any, ...]) -> Any:
+    """A leaf as the point to check at: a floating tensor (detached) wherever the value is a floating one."""
+    if isinstance(value, (float, np.ndarray, np.floating, np.complexfloating, torch.Tensor)):
+        tensor = torch.as_tensor(value).detach()
+        if tensor.is_complex():
+            raise TypeError(f"check_gradient compares real derivatives; argument {path[0].idx}"
+                            f"{pytree.keystr(path[1:])} is {tensor.dtype}: check its real and imaginary parts as "
+                            "two real arguments.")
+        return tensor if tensor.dtype.is_floating_point else value
+    return value
+
+
+def _numeric(fn: Callable[..., Any], point: _Point, index: int, weights: Sequence[torch.Tensor],
+             step_scale: float, dtype: torch.dtype) -> np.ndarray:
+    """Central differences of ⟨w, fn⟩ w.r.t. every element of leaf ``index`` in ``dtype``, moved in NumPy."""
+    leaf = point.leaves[index]
+
+    def total_at(moved: np.ndarray) -> float:
+        with torch.no_grad():
+            moved_leaf = torch.as_tensor(moved, dtype=torch.float64).to(dtype=dtype, device=leaf.device)
+            return float(_weighted_sum(fn, point.args(index, moved_leaf), weights))
+
+    return central_differences(total_at, leaf.detach().to(torch.float64).cpu().numpy(), step_scale)
+
+
+def _differences(fn: Callable[..., Any], point: _Point, index: int, weights: Sequence[torch.Tensor],
+                 step: float) -> tuple[np.ndarray, str]:
+    """In float64 where fn takes it; else in the leaf's dtype, with the step eps^(1/3) that balances truncation
+    and rounding there."""
+    dtype = point.leaves[index].dtype
+    try:
+        return _numeric(fn, point, index, weights, step, torch.float64), "float64"
+    except RuntimeError:  # fn mixes the argument with tensors of its own dtype in a way PyTorch refuses
+        eps = torch.finfo(dtype).eps
+        return _numeric(fn, point, index, weights, eps ** (1 / 3), dtype), str(dtype).removeprefix("torch.")
+
+
+def _reverse(total: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    x = x.detach().requires_grad_(True)
+    (derivative,) = torch.autograd.grad(total(x), x, allow_unused=True)
+    return torch.zeros_like(x) if derivative is None else derivative
+
+
+def _forward(total: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The derivative element by element, each from one forward-mode pass with a one-hot tangent."""
+    derivative = torch.zeros(x.shape, dtype=torch.float64)
+    flat = derivative.view(-1)
+    for k in range(x.numel()):
+        tangent = torch.zeros_like(x).view(-1)
+        tangent[k] = 1
+        with forward_ad.dual_level():
+            out = total(forward_ad.make_dual(x.detach(), tangent.view(x.shape)))
+            tangent_out = forward_ad.unpack_dual(out).tangent
+        flat[k] = 0.0 if tangent_out is None else float(tangent_out)
+    return derivative
+
+
+def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None, atol: float | None = None,
+                   step: float = 6e-6, seed: int = 0) -> GradientReport:
+    """Compares fn's derivatives (``torch.autograd.grad`` and ``forward_ad``) with central finite differences.
+
+    As the TensorFlow namespace's ``check_gradient``: for each floating
+    leaf of the arguments (nests of tuples, lists and dicts, each leaf
+    checked and reported by its path), the derivative of ⟨w, fn(*args)⟩ (w
+    fixed random weights over every floating output leaf; the report's
+    computed and numeric values are derivatives of this weighted sum) is
+    compared elementwise with central differences, taken in float64 (in
+    the argument's dtype, with the step eps^(1/3), where fn refuses float64;
+    the report says which). Tolerances and the rules for non-finite values
+    are the TensorFlow checker's; a report of nothing checked never passes.
+
+    Examples:
+        >>> def log1pexp(x):
+        ...   return custom_gradient(torch.logaddexp(x, torch.zeros(())), torch.sigmoid(x), x)
+        >>> check_gradient(log1pexp, torch.tensor([-3.0, 0.0, 5.0])).passed
+        True
+    """
+    check_options(step, rtol, atol)
+    point = _Point.of(args)
+    values, fn_not_finite = output_weights(_output_values(fn, point.args()), seed)
+    weights = [torch.as_tensor(w, dtype=torch.float64) for w in values]
+    rows = []
+    for index in (k for k, leaf in enumerate(point.leaves) if _floating(leaf)):
+        dtype = point.leaves[index].dtype
+        rtol_k = tolerances.rtol(str(dtype).removeprefix("torch."), "finite_differences") if rtol is None else rtol
+        tolerance = (rtol_k, rtol_k if atol is None else atol)
+        numeric, numeric_dtype = _differences(fn, point, index, weights, step)
+
+        def total(x: torch.Tensor, index: int = index) -> torch.Tensor:
+            return _weighted_sum(fn, point.args(index, x), weights)
+
+        argument, leaf = point.label(index)
+        for mode, derivative in (("reverse", _reverse), ("forward", _forward)):
+            computed = derivative(total, point.leaves[index]).detach().to(torch.float64).cpu().numpy()
+            row = compare(argument, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite)
+            rows.append(dataclasses.replace(row, leaf=leaf))
+    return GradientReport(tuple(rows))
+
+
+def assert_gradient(fn: Callable[..., Any], *args: Any, **options: Any) -> GradientReport:
+    """Raises AssertionError with check_gradient's table unless it passed; returns the report.
+
+    Examples:
+        >>> assert_gradient(lambda x: x**2, torch.tensor([1.0, 2.0])).passed
+        True
+    """
+    report = check_gradient(fn, *args, **options)
+    if not report.passed:
+        raise AssertionError(f"gradient check failed:\n{report}")
+    return report

@@ -1,0 +1,126 @@
+"""The stop-gradient identity in PyTorch: stop, the exact zero with slope one, and attaching terms to a value.
+
+    h = stop(f) − T,   T = g·(stop(x) − x) + N   (+0.0 in value, dT = −g·dx)
+
+``stop`` is ``detach()``. ``stop(x) − x`` is +0.0 for every finite x, and
+adding ``N`` (+0.0) makes a product of sign −0.0 +0.0, so ``f − T`` is f bit
+for bit. Every op is an ordinary ATen op, with no ``autograd.Function``, so
+``backward``, ``forward_ad``, ``torch.func`` and ``torch.compile`` all see an
+ordinary function.
+
+PyTorch has no multiply-no-NaN: ``g·0`` is NaN where g is inf. So the product
+takes g with its non-finite elements set to 0, and ``N`` carries their
+derivative: ``sqrt(p·q)`` with p = stop(x) − x where g is +inf or NaN and
+q = x − stop(x) where g is −inf or NaN (1 elsewhere). Where p or q is +0.0
+the square root's slope is infinite: an inf g gives an inf derivative of its
+sign, a NaN g gives inf − inf = NaN, in both modes; everywhere else N is
+selected away with its input at 1, where every derivative is finite.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from stopgrad_math.shared.layouts import Layout
+
+
+def stop(x: torch.Tensor) -> torch.Tensor:
+    """x with no derivative: ``detach()``, which backward, forward_ad, torch.func and torch.compile all honour."""
+    return x.detach()
+
+
+def is_inexact(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def inexact_tensor(value: Any, what: str, dtype_hint: torch.dtype | None = None) -> torch.Tensor:
+    """value as a floating or complex tensor; a Python number or NumPy value takes ``dtype_hint`` (else torch's
+    default dtype). TypeError naming ``what``."""
+    if value is None or isinstance(value, (str, bytes, bool)):
+        raise TypeError(f"{what} must be a floating or complex tensor; got {value!r:.60}.")
+    if isinstance(value, torch.Tensor):
+        tensor = value  # as it is: a conversion would be one more op for every mode to trace
+    else:
+        number = isinstance(value, (int, float, complex))
+        try:
+            tensor = torch.as_tensor(value, dtype=dtype_hint if number else None)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(f"{what} must be a floating or complex tensor; got {value!r:.60}.") from error
+    if not is_inexact(tensor.dtype):
+        raise TypeError(f"{what} must be floating or complex, to have a derivative; got {tensor.dtype}.")
+    return tensor
+
+
+def zero_with_slope(x: torch.Tensor, slope_is_negative: bool) -> torch.Tensor:
+    """x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite.
+
+    inf − inf is NaN: where x is inf or NaN the value wins, +0.0 with no
+    derivative (a select, whose derivative is the select of the derivatives).
+    """
+    still = stop(x)
+    zero = still - x if slope_is_negative else x - still
+    return torch.where(torch.isfinite(still), zero, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def zero_with_gradient(x: Any) -> torch.Tensor:
+    """Returns u = x − stop(x): exactly +0.0 in value, derivative 1 w.r.t. x.
+
+    The ``u`` of the identity ``stop(f) + stop(g)·u``, for identities of your
+    own. At an element of x that is inf or NaN the value is still +0.0 and
+    the derivative there is zero.
+
+    Examples:
+        >>> x = torch.tensor([1.0, 2.0], requires_grad=True)
+        >>> u = zero_with_gradient(x)
+        >>> u.sum().backward()
+        >>> u.detach(), x.grad
+        (tensor([0., 0.]), tensor([1., 1.]))
+    """
+    return zero_with_slope(inexact_tensor(x, "zero_with_gradient's x"), slope_is_negative=False)
+
+
+def attach(value: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
+    """value − Σ terms, each exactly +0.0 and broadcasting to value's shape: the value, bit for bit."""
+    for term in terms:
+        value = value - term.to(value.dtype)
+    return value
+
+
+def _slope_carrier(g: torch.Tensor, x: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """N: +0.0 in g·zero's shape whose derivative is g·d(zero) where g is not finite (inf of g's sign, NaN for a
+    NaN or complex g), and exactly 0 where it is. ``zero`` is stop(x) − x, x finite (g is 0 where x is not)."""
+    one = torch.ones((), dtype=zero.real.dtype, device=zero.device)
+    down, up = zero.real, zero_with_slope(x, slope_is_negative=False).real  # +0.0, slopes −1 and +1
+    if g.is_complex():  # no sign to keep: NaN, from the sum of two opposite infinite slopes
+        below = above = ~torch.isfinite(g)
+    else:  # a NaN g is both: below it is "not < inf", above it "not > −inf"
+        below, above = ~(g < math.inf), ~(g > -math.inf)
+    root = torch.sqrt(torch.where(below, down, one) * torch.where(above, up, one))
+    return torch.where(below | above, root, torch.zeros((), dtype=root.dtype, device=root.device))
+
+
+def zero_term(layout: Layout, fx: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """T: +0.0 broadcasting to fx's shape, derivative −g·dx in its layout (``attach`` subtracts it)."""
+    finite_x = torch.isfinite(stop(x))
+    zero = zero_with_slope(x, slope_is_negative=True)
+    g = torch.where(finite_x, g, torch.zeros((), dtype=g.dtype, device=g.device))  # inf or NaN x: no derivative
+    finite_g = torch.isfinite(g)
+    g_finite = torch.where(finite_g, g, torch.zeros((), dtype=g.dtype, device=g.device))
+    carrier = _slope_carrier(g, x, zero).to(fx.dtype)
+    # carrier + g·zero in one op: its +0.0 makes the product's −0.0 (a negative g) +0.0, as f − T needs
+    product = torch.addcmul(carrier, g_finite, zero.to(fx.dtype))
+    if layout is Layout.ELEMENTWISE:
+        return product
+    if layout is Layout.JACOBIAN:  # a 0-d x has no axes to sum (and sum(dim=()) would sum them all)
+        return product.sum(dim=tuple(range(fx.dim(), product.dim()))) if product.dim() > fx.dim() else product
+    total = product.sum()
+    if layout is Layout.SCALAR:
+        return total
+    return total / max(size(fx.shape), 1)  # tfp's rule spreads the sum over fx (an empty fx: no division)
+
+
+def size(shape: torch.Size | tuple[int, ...]) -> int:
+    return math.prod(shape)
