@@ -27,11 +27,19 @@ def _floating(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
 
 
-def _weighted_sum(fn: Callable[..., Any], args: Sequence[Any], weights: Sequence[torch.Tensor]) -> torch.Tensor:
+class _NotInFloat64(Exception):
+    """fn computed an output in a narrower dtype from float64 arguments (a tensor of its own, or PyTorch's rule
+    that a 0-d tensor does not promote a dimensioned one): its differences are not float64's."""
+
+
+def _weighted_sum(fn: Callable[..., Any], args: Sequence[Any], weights: Sequence[torch.Tensor],
+                  float64_only: bool = False) -> torch.Tensor:
     """⟨w, fn(*args)⟩ over every floating output leaf, in float64 (w is zero where the output is not finite)."""
     total = torch.zeros((), dtype=torch.float64)
     for out, w in zip(pytree.tree_leaves(fn(*args)), weights, strict=True):
         if _floating(out):
+            if float64_only and out.dtype != torch.float64:
+                raise _NotInFloat64
             product = out.to(torch.float64) * w.to(out.device)
             total = total + torch.where(w.to(out.device) == 0, 0.0, product).sum().cpu()
     return total
@@ -84,33 +92,39 @@ def _leaf_point(value: Any, path: tuple[Any, ...]) -> Any:
 
 
 def _numeric(fn: Callable[..., Any], point: _Point, index: int, weights: Sequence[torch.Tensor],
-             step_scale: float, dtype: torch.dtype) -> np.ndarray:
-    """Central differences of ⟨w, fn⟩ w.r.t. every element of leaf ``index`` in ``dtype``, moved in NumPy."""
-    leaf = point.leaves[index]
+             step_scale: float, wide: bool) -> np.ndarray:
+    """Central differences of ⟨w, fn⟩ w.r.t. every element of leaf ``index``, moved in NumPy: ``wide``, with every
+    floating argument in float64; else in the arguments' own dtypes."""
+    leaves = [leaf.to(torch.float64) if wide and _floating(leaf) else leaf for leaf in point.leaves]
+    at = dataclasses.replace(point, leaves=leaves)
+    moving = leaves[index]
 
     def total_at(moved: np.ndarray) -> float:
         with torch.no_grad():
-            moved_leaf = torch.as_tensor(moved, dtype=torch.float64).to(dtype=dtype, device=leaf.device)
-            return float(_weighted_sum(fn, point.args(index, moved_leaf), weights))
+            moved_leaf = torch.as_tensor(moved, dtype=torch.float64).to(dtype=moving.dtype, device=moving.device)
+            return float(_weighted_sum(fn, at.args(index, moved_leaf), weights, float64_only=wide))
 
-    return central_differences(total_at, leaf.detach().to(torch.float64).cpu().numpy(), step_scale)
+    return central_differences(total_at, moving.detach().to(torch.float64).cpu().numpy(), step_scale)
 
 
 def _differences(fn: Callable[..., Any], point: _Point, index: int, weights: Sequence[torch.Tensor],
                  step: float) -> tuple[np.ndarray, str]:
-    """In float64 where fn takes it; else in the leaf's dtype, with the step eps^(1/3) that balances truncation
-    and rounding there."""
+    """In float64 where fn computes in it from float64 arguments; else in the leaf's dtype, with the step
+    eps^(1/3) that balances truncation and rounding there."""
     dtype = point.leaves[index].dtype
     try:
-        return _numeric(fn, point, index, weights, step, torch.float64), "float64"
-    except RuntimeError:  # fn mixes the argument with tensors of its own dtype in a way PyTorch refuses
+        return _numeric(fn, point, index, weights, step, wide=True), "float64"
+    except (RuntimeError, _NotInFloat64):  # fn mixes the arguments with tensors of its own dtype
         eps = torch.finfo(dtype).eps
-        return _numeric(fn, point, index, weights, eps ** (1 / 3), dtype), str(dtype).removeprefix("torch.")
+        return _numeric(fn, point, index, weights, eps ** (1 / 3), wide=False), str(dtype).removeprefix("torch.")
 
 
 def _reverse(total: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     x = x.detach().requires_grad_(True)
-    (derivative,) = torch.autograd.grad(total(x), x, allow_unused=True)
+    value = total(x)
+    if not value.requires_grad:  # nothing of fn's output reaches x: the derivative is zero
+        return torch.zeros_like(x)
+    (derivative,) = torch.autograd.grad(value, x, allow_unused=True)
     return torch.zeros_like(x) if derivative is None else derivative
 
 
@@ -137,9 +151,9 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     checked and reported by its path), the derivative of ⟨w, fn(*args)⟩ (w
     fixed random weights over every floating output leaf; the report's
     computed and numeric values are derivatives of this weighted sum) is
-    compared elementwise with central differences, taken in float64 (in
-    the argument's dtype, with the step eps^(1/3), where fn refuses float64;
-    the report says which). Tolerances and the rules for non-finite values
+    compared elementwise with central differences, taken with every floating
+    argument in float64 (in the arguments' dtypes, with the step eps^(1/3),
+    where fn does not compute in float64 from them; the report says which). Tolerances and the rules for non-finite values
     are the TensorFlow checker's; a report of nothing checked never passes.
 
     Examples:
