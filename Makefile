@@ -14,12 +14,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# torch==2.13.0 first: pip finds the machine's CPU wheel of it, and the [torch] range then installs nothing
+# more (asked for the range alone, pip would take PyPI's newest torch, with some 3 GB of CUDA).
 $(VENV)/.installed-demo: $(BIN)/python $(DEPS)
-	$(BIN)/python -m pip install --quiet -e ".[tf,jax]"
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[tf,jax,torch]"
 	touch $@
 
 $(VENV)/.installed-test: $(BIN)/python $(DEPS)
-	$(BIN)/python -m pip install --quiet -e ".[tf,jax,test,notebooks,docs]"
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[tf,jax,torch,pyro,test,notebooks,docs]"
 	touch $@
 
 demo: $(VENV)/.installed-demo
@@ -53,7 +57,7 @@ $(OLDEST)/bin/python:
 	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
 
 $(OLDEST)/.installed: $(OLDEST)/bin/python $(DEPS) $(OLDEST_PINS)
-	$(OLDEST)/bin/python -m pip install --quiet -e ".[tf,jax,test,notebooks,docs]" -c $(OLDEST_PINS)
+	$(OLDEST)/bin/python -m pip install --quiet -e ".[tf,jax,torch,pyro,test,notebooks,docs]" -c $(OLDEST_PINS)
 	touch $@
 
 test-oldest: $(OLDEST)/.installed

@@ -20,6 +20,7 @@ def _modules(namespace):
 
 TF_MODULES = _modules("tensorflow") + _modules("shared")  # shared: pure Python, run with TensorFlow's names
 JAX_MODULES = _modules("jax")
+TORCH_MODULES = _modules("torch")
 
 
 def _run_examples(name, globs):
@@ -43,8 +44,16 @@ def test_jax_docstring_examples(name):
     _run_examples(name, {"jax": jax, "jnp": jax.numpy, "np": np, **{n: getattr(sgm_jax, n) for n in sgm_jax.__all__}})
 
 
+@pytest.mark.parametrize("name", TORCH_MODULES)
+def test_torch_docstring_examples(name):
+    torch = pytest.importorskip("torch")
+    import stopgrad_math.torch as sgm_torch
+
+    _run_examples(name, {"torch": torch, "np": np, **{n: getattr(sgm_torch, n) for n in sgm_torch.__all__}})
+
+
 def test_every_namespace_has_modules_with_examples():
-    assert len(TF_MODULES) > 20 and len(JAX_MODULES) > 8
+    assert len(TF_MODULES) > 20 and len(JAX_MODULES) > 8 and len(TORCH_MODULES) >= 6
 
 
 def test_custom_gradients_docstring_is_what_a_call_needs_and_links_to_the_rest():

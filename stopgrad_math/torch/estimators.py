@@ -104,7 +104,7 @@ def magic_box(tau: Any) -> torch.Tensor:
         >>> theta = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
         >>> (first,) = torch.autograd.grad(magic_box(theta**2), theta, create_graph=True)
         >>> (second,) = torch.autograd.grad(first, theta)
-        >>> round(float(first), 6), round(float(second), 6)
+        >>> round(float(first.detach()), 6), round(float(second), 6)
         (0.6, 2.36)
     """
     tau = identity.inexact_tensor(tau, "magic_box's tau")
