@@ -77,10 +77,32 @@ def jax_columns(points: tuple[float, ...] = POINTS) -> Columns:
     return {"naive": value_and_gradient(naive), "stopgrad_math": value_and_gradient(stable)}
 
 
+def torch_columns(points: tuple[float, ...] = POINTS) -> Columns:
+    """The naive formula and ``stopgrad_math.torch.custom_gradient`` under ``torch.func.vmap(torch.func.grad)``."""
+    import torch
+
+    import stopgrad_math.torch as sgm
+
+    def naive(x: torch.Tensor) -> torch.Tensor:
+        return torch.log(1.0 + torch.exp(x))
+
+    def stable(x: torch.Tensor) -> Any:  # custom_gradient's type covers its decorator form too
+        value = torch.clamp(x, min=0.0) + torch.log1p(torch.exp(-torch.abs(x)))
+        return sgm.custom_gradient(value, torch.sigmoid(x), x)
+
+    def value_and_gradient(fn: Callable[[torch.Tensor], Any]) -> tuple[np.ndarray, np.ndarray]:
+        x = torch.tensor(points, dtype=torch.float32)
+        gradients = torch.func.vmap(torch.func.grad(fn))(x)
+        return fn(x).numpy(), gradients.numpy()
+
+    return {"naive": value_and_gradient(naive), "stopgrad_math": value_and_gradient(stable)}
+
+
 # Each framework: the module that tells whether it is installed, its namespace, and its columns.
 FRAMEWORKS: dict[str, tuple[str, str, Callable[[tuple[float, ...]], Columns]]] = {
     "TensorFlow": ("tensorflow", "stopgrad_math", tensorflow_columns),
     "JAX": ("jax", "stopgrad_math.jax", jax_columns),
+    "PyTorch": ("torch", "stopgrad_math.torch", torch_columns),
 }
 
 
@@ -107,7 +129,7 @@ def wrong_points(columns: Columns, points: tuple[float, ...] = POINTS) -> list[f
 def main() -> int:
     frameworks = installed()
     if not frameworks:
-        print("No framework is installed: pip install 'stopgrad_math[tf]' or 'stopgrad_math[jax]'.")
+        print("No framework is installed: pip install 'stopgrad_math[tf]', 'stopgrad_math[jax]' or 'stopgrad_math[torch]'.")
         return 2
     failed = []
     for name in frameworks:

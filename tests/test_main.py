@@ -41,11 +41,12 @@ def test_main_fails_when_one_framework_has_a_wrong_gradient(monkeypatch, capsys)
 
 def test_main_shows_only_what_is_installed(monkeypatch, capsys):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jax" else find_spec(name, *a))
+    hidden = ("jax", "torch")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in hidden else find_spec(name, *a))
     assert demo.installed() == ["TensorFlow"]
     assert demo.main() == 0
     out = capsys.readouterr().out
-    assert "JAX (" not in out and "Not installed, so not shown: JAX." in out
+    assert "JAX (" not in out and "PyTorch (" not in out and "Not installed, so not shown: JAX, PyTorch." in out
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert demo.main() == 2
     assert "No framework is installed" in capsys.readouterr().out
@@ -55,3 +56,4 @@ def test_module_runs_as_a_program_and_shows_every_installed_framework():
     result = subprocess.run([sys.executable, "-m", "stopgrad_math"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "OK: stopgrad_math matches" in result.stdout and "OK: stopgrad_math.jax matches" in result.stdout
+    assert "OK: stopgrad_math.torch matches" in result.stdout

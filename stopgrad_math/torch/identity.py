@@ -62,7 +62,7 @@ def zero_with_slope(x: torch.Tensor, slope_is_negative: bool) -> torch.Tensor:
     """
     still = stop(x)
     zero = still - x if slope_is_negative else x - still
-    return torch.where(torch.isfinite(still), zero, torch.zeros((), dtype=x.dtype, device=x.device))
+    return torch.where(torch.isfinite(still), zero, 0.0)
 
 
 def zero_with_gradient(x: Any) -> torch.Tensor:
@@ -89,29 +89,28 @@ def attach(value: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
     return value
 
 
-def _slope_carrier(g: torch.Tensor, x: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+def _slope_carrier(g: torch.Tensor, finite_g: torch.Tensor, x: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """N: +0.0 in g·zero's shape whose derivative is g·d(zero) where g is not finite (inf of g's sign, NaN for a
-    NaN or complex g), and exactly 0 where it is. ``zero`` is stop(x) − x, x finite (g is 0 where x is not)."""
-    one = torch.ones((), dtype=zero.real.dtype, device=zero.device)
-    down, up = zero.real, zero_with_slope(x, slope_is_negative=False).real  # +0.0, slopes −1 and +1
-    if g.is_complex():  # no sign to keep: NaN, from the sum of two opposite infinite slopes
-        below = above = ~torch.isfinite(g)
-    else:  # a NaN g is both: below it is "not < inf", above it "not > −inf"
-        below, above = ~(g < math.inf), ~(g > -math.inf)
-    root = torch.sqrt(torch.where(below, down, one) * torch.where(above, up, one))
-    return torch.where(below | above, root, torch.zeros((), dtype=root.dtype, device=root.device))
+    NaN or complex g), and exactly 0 where it is. ``zero`` is stop(x) − x; g is 0 where x is not finite."""
+    up = x - stop(x)  # +0.0 with slope +1; NaN where x is not finite, but selected away there (g is 0)
+    if g.is_complex():  # no sign to keep: NaN, from the product of two opposite infinite slopes
+        p = torch.where(finite_g, 1.0, zero.real)
+        q = torch.where(finite_g, 1.0, up.real)
+    else:  # "not below +inf" is +inf or NaN, "not above −inf" is −inf or NaN: a NaN g gets both slopes
+        p = torch.where(g < math.inf, 1.0, zero)
+        q = torch.where(g > -math.inf, 1.0, up)
+    return torch.where(finite_g, 0.0, torch.sqrt(p * q))
 
 
 def zero_term(layout: Layout, fx: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """T: +0.0 broadcasting to fx's shape, derivative −g·dx in its layout (``attach`` subtracts it)."""
     finite_x = torch.isfinite(stop(x))
-    zero = zero_with_slope(x, slope_is_negative=True)
-    g = torch.where(finite_x, g, torch.zeros((), dtype=g.dtype, device=g.device))  # inf or NaN x: no derivative
+    zero = torch.where(finite_x, stop(x) - x, 0.0)  # zero_with_slope, sharing its mask with g's
+    g = torch.where(finite_x, g, 0.0)  # inf or NaN x: no derivative
     finite_g = torch.isfinite(g)
-    g_finite = torch.where(finite_g, g, torch.zeros((), dtype=g.dtype, device=g.device))
-    carrier = _slope_carrier(g, x, zero).to(fx.dtype)
     # carrier + g·zero in one op: its +0.0 makes the product's −0.0 (a negative g) +0.0, as f − T needs
-    product = torch.addcmul(carrier, g_finite, zero.to(fx.dtype))
+    product = torch.addcmul(_slope_carrier(g, finite_g, x, zero).to(fx.dtype), torch.where(finite_g, g, 0.0),
+                            zero.to(fx.dtype))
     if layout is Layout.ELEMENTWISE:
         return product
     if layout is Layout.JACOBIAN:  # a 0-d x has no axes to sum (and sum(dim=()) would sum them all)

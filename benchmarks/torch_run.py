@@ -1,0 +1,201 @@
+"""python benchmarks/torch_run.py: the PyTorch rows of the speed suite, as ratios to torch.autograd.Function in one
+run.
+
+log1pexp, value + gradient (``backward``) eagerly and under
+``torch.compile(fullgraph=True)``, and the JVP (``forward_ad``) eagerly, for
+the identity form against ``torch.autograd.Function`` (the anchor; with a
+``jvp`` for forward mode, which then cannot be compiled) and plain autodiff of
+``softplus`` (the floor). Each cell is timed in ``--blocks`` blocks; within a
+block the implementations run round-robin and each block gives a median per
+implementation, so a ratio is the median over blocks with its range, the
+run-to-run noise. Imports PyTorch, never TensorFlow or JAX: a machine with a
+CUDA build runs it on its GPU (``results/latest-torch-gpu.md``); elsewhere
+``results/latest-torch.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.autograd.forward_ad as forward_ad
+
+import stopgrad_math.torch as sgm
+
+ANCHOR = "autograd.Function (anchor)"
+PHASES = ("eager value+grad", "compiled value+grad", "eager jvp")
+
+
+def _value(x: torch.Tensor) -> torch.Tensor:
+    return torch.logaddexp(x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+class _Log1pexp(torch.autograd.Function):
+    """The anchor: forward, backward and a jvp, as PyTorch's documentation writes them."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def, override]
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+        return _value(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        (x,) = ctx.saved_tensors
+        return grad * torch.sigmoid(x)
+
+    @staticmethod
+    def jvp(ctx, tangent):  # type: ignore[no-untyped-def, override]
+        (x,) = ctx.saved_tensors
+        return tangent * torch.sigmoid(x)
+
+
+class _Log1pexpNoJvp(torch.autograd.Function):
+    """The anchor under torch.compile, which refuses a Function with a jvp: forward and backward alone."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def, override]
+        ctx.save_for_backward(x)
+        return _value(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        (x,) = ctx.saved_tensors
+        return grad * torch.sigmoid(x)
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return sgm.custom_gradient(_value(x), torch.sigmoid(x), x)  # type: ignore[return-value]
+
+
+IMPLEMENTATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    ANCHOR: _Log1pexp.apply,
+    "identity form": _identity,
+    "plain autodiff (floor)": torch.nn.functional.softplus,
+}
+
+
+def _value_and_grad(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], object]:
+    def run(x: torch.Tensor) -> object:
+        x = x.detach().requires_grad_(True)
+        value = fn(x).sum()
+        (grad,) = torch.autograd.grad(value, x)
+        return value.detach(), grad
+
+    return run
+
+
+def _jvp(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], object]:
+    def run(x: torch.Tensor) -> object:
+        with forward_ad.dual_level():
+            out = fn(forward_ad.make_dual(x, torch.ones_like(x)))
+            return forward_ad.unpack_dual(out)
+
+    return run
+
+
+def programs(name: str, phase: str) -> Callable[[torch.Tensor], object]:
+    """The program of a phase: value + gradient of sum(fn), fn eager or compiled (AOTAutograd compiles its backward
+    too; torch.autograd.grad itself is not traced); or the JVP along ones."""
+    fn = IMPLEMENTATIONS[name]
+    if phase == "eager jvp":
+        return _jvp(fn)
+    if phase == "eager value+grad":
+        return _value_and_grad(fn)
+    return _value_and_grad(torch.compile(_Log1pexpNoJvp.apply if name == ANCHOR else fn, fullgraph=True))
+
+
+def _synchronize(x: torch.Tensor) -> None:
+    if x.is_cuda:
+        torch.cuda.synchronize()
+
+
+def block_medians(calls: dict[str, Callable[[], object]], x: torch.Tensor, min_time: float,
+                  rounds: int = 7) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    count = 0
+    while count < rounds or sum(map(sum, times.values())) < min_time * len(calls):
+        for name, call in calls.items():
+            _synchronize(x)
+            start = time.perf_counter()
+            call()
+            _synchronize(x)
+            times[name].append(time.perf_counter() - start)
+        count += 1
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def run_cell(n: int, phase: str, blocks: int, min_time: float, device: str) -> list[dict]:
+    x = torch.linspace(-20.0, 100.0, n, dtype=torch.float32, device=device)
+    compiled = {name: programs(name, phase) for name in IMPLEMENTATIONS}
+    calls = {name: (lambda p=p: p(x)) for name, p in compiled.items()}
+    for call in calls.values():  # compile and warm up
+        call()
+        call()
+    per_block = [block_medians(calls, x, min_time) for _ in range(blocks)]
+    rows = []
+    for name in calls:
+        ratios = [block[name] / block[ANCHOR] for block in per_block]
+        rows.append({"n": n, "phase": phase, "implementation": name,
+                     "seconds": statistics.median(block[name] for block in per_block),
+                     "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)})
+        print(f"n={n:>9} {phase:>20} {name:>26}: {rows[-1]['seconds'] * 1e6:10.1f} us  "
+              f"{rows[-1]['ratio']:.3f}x [{rows[-1]['ratio_min']:.3f}, {rows[-1]['ratio_max']:.3f}]", flush=True)
+    return rows
+
+
+def markdown(rows: list[dict], device: str) -> str:
+    sizes = sorted({row["n"] for row in rows})
+    lines = [f"# PyTorch: log1pexp eagerly and compiled, {device}", "",
+             f"torch {torch.__version__}. Median seconds of calls; ratio to `{ANCHOR}` as the median over blocks of "
+             "interleaved calls, with its range over the blocks (run-to-run noise). Compiled: log1pexp under "
+             "`torch.compile(fullgraph=True)`, its backward compiled by AOTAutograd, the anchor without its `jvp` (which "
+             "`torch.compile` refuses).", ""]
+    for phase in PHASES:
+        lines += [f"## {phase}", "", "| implementation | " + " | ".join(f"n = {n:.0e}" for n in sizes) + " |",
+                  "|---|" + "---|" * len(sizes)]
+        for name in IMPLEMENTATIONS:
+            cells = [next(f"{r['seconds'] * 1e6:.1f} µs, {r['ratio']:.2f}× [{r['ratio_min']:.2f}–{r['ratio_max']:.2f}]"
+                          for r in rows if r["n"] == n and r["phase"] == phase and r["implementation"] == name)
+                     for n in sizes]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return f"GPU: {torch.cuda.get_device_name()}"
+    return f"CPU: {platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
+    parser.add_argument("--sizes", type=int, nargs="*", default=None, help="default: 1e3–1e6 (CPU), 1e6–1e8 (GPU)")
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of repeats per block")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sizes = args.sizes or ([10**6, 10**7, 10**8] if device == "cuda" else [10**3, 10**5, 10**6])
+    rows = [row for n in sizes for phase in PHASES for row in run_cell(n, phase, args.blocks, args.min_time, device)]
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "latest-torch-gpu" if device == "cuda" else "latest-torch"
+    text = markdown(rows, device_name(device))
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps({"device": device_name(device), "torch": torch.__version__,
+                                                  "rows": rows}))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
