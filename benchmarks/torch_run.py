@@ -156,8 +156,8 @@ def markdown(rows: list[dict], device: str) -> str:
     lines = [f"# PyTorch: log1pexp eagerly and compiled, {device}", "",
              f"torch {torch.__version__}. Median seconds of calls; ratio to `{ANCHOR}` as the median over blocks of "
              "interleaved calls, with its range over the blocks (run-to-run noise). Compiled: log1pexp under "
-             "`torch.compile(fullgraph=True)`, its backward compiled by AOTAutograd, the anchor without its `jvp` (which "
-             "`torch.compile` refuses).", ""]
+             "`torch.compile(fullgraph=True)`, its backward compiled by AOTAutograd, the anchor without its `jvp` "
+             "(which `torch.compile` refuses).", ""]
     for phase in PHASES:
         lines += [f"## {phase}", "", "| implementation | " + " | ".join(f"n = {n:.0e}" for n in sizes) + " |",
                   "|---|" + "---|" * len(sizes)]

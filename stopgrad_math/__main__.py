@@ -129,7 +129,8 @@ def wrong_points(columns: Columns, points: tuple[float, ...] = POINTS) -> list[f
 def main() -> int:
     frameworks = installed()
     if not frameworks:
-        print("No framework is installed: pip install 'stopgrad_math[tf]', 'stopgrad_math[jax]' or 'stopgrad_math[torch]'.")
+        print("No framework is installed: pip install 'stopgrad_math[tf]', 'stopgrad_math[jax]' or "
+              "'stopgrad_math[torch]'.")
         return 2
     failed = []
     for name in frameworks:

@@ -88,7 +88,6 @@ def test_the_jax_and_torch_namespaces_have_the_tensorflow_namespaces_names():
     import stopgrad_math
     import stopgrad_math.jax
     import stopgrad_math.tensorflow
-
     import stopgrad_math.torch
 
     assert set(stopgrad_math.jax.__all__) == set(stopgrad_math.__all__) - {"values_only"}

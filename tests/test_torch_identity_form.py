@@ -245,7 +245,7 @@ def test_fx_without_gx_and_x_is_a_type_error_naming_both_forms():
 
 
 def test_the_decorator_form_is_not_here_yet_and_says_so():
-    with pytest.raises(NotImplementedError, match="decorator form is not in stopgrad_math.torch yet"):
+    with pytest.raises(NotImplementedError, match=r"decorator form is not in stopgrad_math\.torch yet"):
         sgm.custom_gradient(lambda x: (x, lambda ct: ct))
 
 

@@ -153,8 +153,9 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     computed and numeric values are derivatives of this weighted sum) is
     compared elementwise with central differences, taken with every floating
     argument in float64 (in the arguments' dtypes, with the step eps^(1/3),
-    where fn does not compute in float64 from them; the report says which). Tolerances and the rules for non-finite values
-    are the TensorFlow checker's; a report of nothing checked never passes.
+    where fn does not compute in float64 from them; the report says which).
+    Tolerances and the rules for non-finite values are the TensorFlow
+    checker's; a report of nothing checked never passes.
 
     Examples:
         >>> def log1pexp(x):
