@@ -66,6 +66,7 @@ test-oldest: $(OLDEST)/.installed
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/jax_run.py
+	$(BIN)/python benchmarks/torch_run.py
 	$(BIN)/python benchmarks/tfp_inside.py
 
 clean:

@@ -30,10 +30,11 @@ def on_page_markdown(markdown, page, config, files):
 
 
 def on_pre_build(config):
-    import stopgrad_math  # here, not at the top: TensorFlow and JAX load only when the docs are built
+    import stopgrad_math  # here, not at the top: the frameworks load only when the docs are built
     import stopgrad_math.jax
+    import stopgrad_math.torch
 
-    for namespace in (stopgrad_math, stopgrad_math.jax):
+    for namespace in (stopgrad_math, stopgrad_math.jax, stopgrad_math.torch):
         for name in namespace.__all__:
             if not inspect.getdoc(getattr(namespace, name)):  # fails --strict
                 log.warning("%s.%s has no docstring: every public name needs one.", namespace.__name__, name)

@@ -131,7 +131,21 @@ def _never_replicated(original):
     return lambda: False
 
 
+def _no_slope_carrier(original):
+    import torch
+    return lambda g, finite_g, x, zero: torch.zeros((), dtype=zero.dtype)  # an inf gx's derivative: a silent 0
+
+
+def _adds_plus_zero(original):
+    return lambda value, terms: original(value, terms) + 0.0  # −0.0 + 0.0 is +0.0
+
+
+def _torch_manual_stop_unchecked(original):
+    return lambda fx, planned: None
+
+
 _JAX = "tests/test_jax_decorator_form.py"
+_TORCH = "tests/test_torch_identity_form.py"
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
 MUTANTS = {
@@ -177,6 +191,15 @@ MUTANTS = {
     "the JAX decorator's compiled embedding bakes in the first call's arrays": Mutant(
         "stopgrad_math.jax.vjp_closure", "opened", _arrays_baked_in,
         ("tests/test_jax_compiled_embedding.py::test_a_known_signature_traces_nothing_and_reads_this_calls_arrays",)),
+    "the PyTorch identity drops an infinite gx's derivative": Mutant(
+        "stopgrad_math.torch.identity", "_slope_carrier", _no_slope_carrier,
+        (f"{_TORCH}::test_an_infinite_gx_gives_an_infinite_derivative_of_its_sign",)),
+    "the PyTorch identity loses the sign of −0.0": Mutant(
+        "stopgrad_math.torch.identity", "attach", _adds_plus_zero,
+        (f"{_TORCH}::test_the_value_is_fx_bit_for_bit",)),
+    "the PyTorch identity takes fx_gx_manually_stopped on trust": Mutant(
+        "stopgrad_math.torch.identity_form", "_check_held_apart", _torch_manual_stop_unchecked,
+        (f"{_TORCH}::test_a_manually_stopped_fx_or_gx_that_backward_reaches_x_through_is_a_value_error_naming_it",)),
     "a replica context takes grad_fn(1) for J": Mutant(
         "stopgrad_math.tensorflow.routes", "replicated", _never_replicated,
         (f"{_INSIDE_TFP}::test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise",)),

@@ -30,7 +30,7 @@ def test_the_readme_changelog_and_every_notebook_become_pages(tmp_path):
     files = _hooks().on_files(Files([]), config)
     pages = {f.src_uri: f.url for f in files}
     notebooks = sorted(f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb"))
-    assert len(notebooks) == 4 and set(pages) == {"README.md", "CHANGELOG.md", *notebooks}
+    assert len(notebooks) == 5 and set(pages) == {"README.md", "CHANGELOG.md", *notebooks}
     assert pages["README.md"] == "./"  # the front page
 
 
@@ -59,7 +59,8 @@ def test_the_readmes_links_into_docs_are_made_relative_to_the_site_and_no_other_
     readme = hooks.on_page_markdown(markdown, page("README.md"), config=None, files=None)
     assert readme == "[TensorFlow](tensorflow.md), [a notebook](notebooks/log1pexp.ipynb)"
     assert hooks.on_page_markdown(markdown, page("jax.md"), config=None, files=None) == markdown
-    for target in ("tensorflow.md", "jax.md", "speed.md", "architecture.md", "reference.md", "custom_gradient.md"):
+    for target in ("tensorflow.md", "jax.md", "torch.md", "speed.md", "architecture.md", "reference.md",
+                   "custom_gradient.md"):
         assert f"](docs/{target}" in (ROOT / "README.md").read_text() and (ROOT / "docs" / target).exists()
 
 

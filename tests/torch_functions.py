@@ -124,3 +124,13 @@ def outcome(mechanism: str, mode: str) -> str:
     if torch.allclose(got, truth, rtol=1e-6, atol=0):
         return "right"
     return "0" if torch.equal(got, torch.zeros(4)) else "wrong"
+
+
+def table() -> str:
+    """The side-by-side table as docs/torch.md shows it: a row per mechanism, a column per mode."""
+    lines = ["| | " + " | ".join(MODES) + " |", "|---|" + "---|" * len(MODES)]
+    for mechanism in MECHANISMS:
+        cells = [outcome(mechanism, mode) for mode in MODES]
+        lines.append(f"| {mechanism} | " + " | ".join(c if c in ("right", "wrong", "0") else f"`{c}`"
+                                                        for c in cells) + " |")
+    return "\n".join(lines)

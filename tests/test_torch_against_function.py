@@ -1,0 +1,28 @@
+"""The table of docs/torch.md: log1pexp as torch.autograd.Function (as written, with a jvp, with setup_context and a
+vmap rule) and on stopgrad_math.torch, in each mode, measured here."""
+
+import pathlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch_functions  # noqa: E402
+from packaging.version import Version  # noqa: E402
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "torch.md"
+
+
+def test_the_identity_is_right_in_every_mode_and_zero_for_the_hessian_by_definition():
+    row = {mode: torch_functions.outcome("`stopgrad_math.torch`", mode) for mode in torch_functions.MODES}
+    assert row == {mode: "0" if mode == "`func.hessian`" else "right" for mode in torch_functions.MODES}
+
+
+def test_a_function_as_written_has_no_forward_mode_and_one_with_a_jvp_no_compiled_backward():
+    assert torch_functions.outcome("`autograd.Function` as written", "`forward_ad`") == "NotImplementedError"
+    assert torch_functions.outcome("with `jvp`", "`compile(fullgraph)`, `backward`") == "Unsupported"
+
+
+@pytest.mark.skipif(Version(torch.__version__.split("+")[0]) < Version("2.13"),
+                    reason="the docs show torch 2.13's table (torch 2.5 differs in one cell, which the docs say)")
+def test_the_docs_table_is_what_torch_does():
+    assert torch_functions.table() in DOCS.read_text()
