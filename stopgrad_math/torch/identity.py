@@ -10,11 +10,9 @@ ordinary function.
 
 PyTorch has no multiply-no-NaN: ``g·0`` is NaN where g is inf. So the product
 takes g with its non-finite elements set to 0, and ``N`` carries their
-derivative: ``sqrt(p·q)`` with p = stop(x) − x where g is +inf or NaN and
-q = x − stop(x) where g is −inf or NaN (1 elsewhere). Where p or q is +0.0
-the square root's slope is infinite: an inf g gives an inf derivative of its
-sign, a NaN g gives inf − inf = NaN, in both modes; everywhere else N is
-selected away with its input at 1, where every derivative is finite.
+derivative: a square root at +0.0, whose slope is infinite, so that an inf g
+gives an inf derivative of its sign and a NaN g a NaN one, in both modes;
+where g is finite, N is sqrt(1) − 1, with slope 0 (``_slope_carrier``).
 """
 
 from __future__ import annotations
@@ -58,11 +56,15 @@ def zero_with_slope(x: torch.Tensor, slope_is_negative: bool) -> torch.Tensor:
     """x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite.
 
     inf − inf is NaN: where x is inf or NaN the value wins, +0.0 with no
-    derivative (a select, whose derivative is the select of the derivatives).
+    derivative. ``nan_to_num`` is that select in one op, where ``isfinite``
+    and ``where`` are two, eagerly a pass over memory each. PyTorch does not
+    differentiate a complex nan_to_num: there the select stays.
     """
     still = stop(x)
     zero = still - x if slope_is_negative else x - still
-    return torch.where(torch.isfinite(still), zero, 0.0)
+    if x.is_complex():
+        return torch.where(torch.isfinite(still), zero, 0.0)
+    return torch.nan_to_num(zero, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def zero_with_gradient(x: Any) -> torch.Tensor:
@@ -89,27 +91,26 @@ def attach(value: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
     return value
 
 
-def _slope_carrier(g: torch.Tensor, finite_g: torch.Tensor, x: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+def _slope_carrier(g: torch.Tensor, finite_g: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """N: +0.0 in g·zero's shape whose derivative is g·d(zero) where g is not finite (inf of g's sign, NaN for a
-    NaN or complex g), and exactly 0 where it is. ``zero`` is stop(x) − x; g is 0 where x is not finite."""
-    up = x - stop(x)  # +0.0 with slope +1; NaN where x is not finite, but selected away there (g is 0)
-    if g.is_complex():  # no sign to keep: NaN, from the product of two opposite infinite slopes
-        p = torch.where(finite_g, 1.0, zero.real)
-        q = torch.where(finite_g, 1.0, up.real)
-    else:  # "not below +inf" is +inf or NaN, "not above −inf" is −inf or NaN: a NaN g gets both slopes
-        p = torch.where(g < math.inf, 1.0, zero)
-        q = torch.where(g > -math.inf, 1.0, up)
-    return torch.where(finite_g, 0.0, torch.sqrt(p * q))
+    NaN or complex g), and exactly 0 where it is. ``zero`` is stop(x) − x; g is 0 where x is not finite.
+
+    N = sqrt(k + s·zero) − k, with k = 1 where g is finite (N = 1 − 1, slope 0) and s = ±1 for ±inf (0 for
+    NaN): there the square root is at +0.0 (addcmul adds k's +0.0 to −zero's −0.0), whose slope is infinite, of
+    the sign s gives; a NaN g's slope is inf·0 = NaN. k and s are stopped: the live path is arithmetic alone."""
+    k = finite_g.to(zero.real.dtype)
+    sign = torch.zeros_like(k) if g.is_complex() else torch.nan_to_num(torch.sign(g), nan=0.0)  # complex: NaN
+    s = torch.where(finite_g, 0.0, sign)
+    return torch.sqrt(torch.addcmul(k, s, zero.real)) - k
 
 
 def zero_term(layout: Layout, fx: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """T: +0.0 broadcasting to fx's shape, derivative −g·dx in its layout (``attach`` subtracts it)."""
-    finite_x = torch.isfinite(stop(x))
-    zero = torch.where(finite_x, stop(x) - x, 0.0)  # zero_with_slope, sharing its mask with g's
-    g = torch.where(finite_x, g, 0.0)  # inf or NaN x: no derivative
+    zero = zero_with_slope(x, slope_is_negative=True)
+    g = torch.where(torch.isfinite(stop(x)), g, 0.0)  # inf or NaN x: no derivative
     finite_g = torch.isfinite(g)
     # carrier + g·zero in one op: its +0.0 makes the product's −0.0 (a negative g) +0.0, as f − T needs
-    product = torch.addcmul(_slope_carrier(g, finite_g, x, zero).to(fx.dtype), torch.where(finite_g, g, 0.0),
+    product = torch.addcmul(_slope_carrier(g, finite_g, zero).to(fx.dtype), torch.where(finite_g, g, 0.0),
                             zero.to(fx.dtype))
     if layout is Layout.ELEMENTWISE:
         return product
