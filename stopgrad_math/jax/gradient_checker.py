@@ -10,13 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stopgrad_math.shared import tolerances
 from stopgrad_math.shared.gradient_report import (
     GradientReport,
+    assert_passed,
     central_differences,
     check_options,
     compare,
     output_weights,
+    tolerance,
 )
 
 __all__ = ["GradientReport", "assert_gradient", "check_gradient"]
@@ -136,9 +137,7 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     weights, fn_not_finite = output_weights(_output_values(fn, point.args()), seed)
     rows = []
     for index in (k for k, leaf in enumerate(point.leaves) if _floating(leaf)):
-        dtype = point.leaves[index].dtype
-        rtol_k = tolerances.rtol(dtype, "finite_differences") if rtol is None else rtol
-        tolerance = (rtol_k, rtol_k if atol is None else atol)
+        leaf_tolerance = tolerance(point.leaves[index].dtype, rtol, atol)
         numeric, numeric_dtype = _differences(fn, point, index, weights, step)
 
         def total(x: jax.Array, index: int = index) -> jax.Array:
@@ -147,7 +146,7 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
         argument, leaf = point.label(index)
         for mode, derivative in (("reverse", jax.grad(total)), ("forward", jax.jacfwd(total))):
             computed = np.asarray(derivative(point.leaves[index]), np.float64)
-            row = compare(argument, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite)
+            row = compare(argument, mode, computed, numeric, leaf_tolerance, numeric_dtype, fn_not_finite)
             rows.append(dataclasses.replace(row, leaf=leaf))
     return GradientReport(tuple(rows))
 
@@ -159,7 +158,4 @@ def assert_gradient(fn: Callable[..., Any], *args: Any, **options: Any) -> Gradi
         >>> assert_gradient(lambda x: x**2, jnp.array([1.0, 2.0])).passed
         True
     """
-    report = check_gradient(fn, *args, **options)
-    if not report.passed:
-        raise AssertionError(f"gradient check failed:\n{report}")
-    return report
+    return assert_passed(check_gradient(fn, *args, **options))

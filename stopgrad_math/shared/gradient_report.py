@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from stopgrad_math.shared import tolerances
+
 
 @dataclasses.dataclass(frozen=True)
 class ArgumentReport:
@@ -82,6 +84,20 @@ def compare(argument: int, mode: str, computed: np.ndarray, numeric: np.ndarray,
         tuple(int(i) for i in worst), float(computed[worst]), float(numeric[worst]),
         int(valid.sum()), int((~valid).sum()), numeric_dtype,
     )
+
+
+def tolerance(dtype: Any, rtol: float | None, atol: float | None) -> tuple[float, float]:
+    """(rtol, atol) for a leaf of ``dtype``: the table's finite-differences tolerance where rtol is not given, and
+    atol as rtol where it is not given."""
+    rtol = tolerances.rtol(dtype, "finite_differences") if rtol is None else rtol
+    return rtol, rtol if atol is None else atol
+
+
+def assert_passed(report: GradientReport) -> GradientReport:
+    """``assert_gradient``'s check: AssertionError with the report's table unless it passed; the report."""
+    if not report.passed:
+        raise AssertionError(f"gradient check failed:\n{report}")
+    return report
 
 
 def check_options(step: Any, rtol: Any, atol: Any) -> None:

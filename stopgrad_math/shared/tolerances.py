@@ -31,8 +31,10 @@ _REAL_PART = {"complex64": "float32", "complex128": "float64"}
 
 def rtol(dtype: Any, check: str) -> float:
     """The relative tolerance of ``check`` ("transpose", "superposition", "finite_differences") for a
-    TensorFlow, NumPy or JAX dtype (a complex dtype takes its real part's). Pure Python: both substrates read it.
+    TensorFlow, NumPy or JAX dtype, or a dtype's name ("bfloat16", as PyTorch's are passed: NumPy knows no
+    bfloat16); a complex dtype takes its real part's. Pure Python: every substrate reads it.
     """
-    name = getattr(dtype, "name", None) or np.dtype(dtype).name  # a NumPy scalar type has no name of its own
+    # a NumPy scalar type has no name of its own
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or np.dtype(dtype).name
     name = name.removesuffix("_ref")  # a TF1 reference dtype reads as its value's
     return _TABLE[_REAL_PART.get(name, name)][check]

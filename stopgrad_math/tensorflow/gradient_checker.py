@@ -8,14 +8,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stopgrad_math.shared import tolerances
 from stopgrad_math.shared.gradient_report import (
     ArgumentReport,
     GradientReport,
+    assert_passed,
     central_differences,
     check_options,
     compare,
     output_weights,
+    tolerance,
 )
 from stopgrad_math.tensorflow.identity import is_floating
 
@@ -162,12 +163,11 @@ def check_gradient(
     weights, fn_not_finite = output_weights(_output_values(fn, points), seed)
     rows = []
     for i in floating:
-        rtol_i = tolerances.rtol(points[i].dtype, "finite_differences") if rtol is None else rtol
-        tolerance = (rtol_i, rtol_i if atol is None else atol)
+        leaf_tolerance = tolerance(points[i].dtype, rtol, atol)
         numeric, numeric_dtype = _numeric_preferring_float64(fn, points, i, weights, step)
         for mode, derivative in (("reverse", _reverse), ("forward", _forward)):
             computed = derivative(fn, points, i, weights)
-            rows.append(compare(i, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite))
+            rows.append(compare(i, mode, computed, numeric, leaf_tolerance, numeric_dtype, fn_not_finite))
     return GradientReport(tuple(rows))
 
 
@@ -178,7 +178,4 @@ def assert_gradient(fn: Callable[..., Any], *args: Any, **options: Any) -> Gradi
         >>> assert_gradient(lambda x: x**2, tf.constant([1.0, 2.0], tf.float64)).passed
         True
     """
-    report = check_gradient(fn, *args, **options)
-    if not report.passed:
-        raise AssertionError(f"gradient check failed:\n{report}")
-    return report
+    return assert_passed(check_gradient(fn, *args, **options))

@@ -11,13 +11,14 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 from torch.utils import _pytree as pytree
 
-from stopgrad_math.shared import tolerances
 from stopgrad_math.shared.gradient_report import (
     GradientReport,
+    assert_passed,
     central_differences,
     check_options,
     compare,
     output_weights,
+    tolerance,
 )
 
 __all__ = ["GradientReport", "assert_gradient", "check_gradient"]
@@ -40,8 +41,8 @@ def _weighted_sum(fn: Callable[..., Any], args: Sequence[Any], weights: Sequence
         if _floating(out):
             if float64_only and out.dtype != torch.float64:
                 raise _NotInFloat64
-            product = out.to(torch.float64) * w.to(out.device)
-            total = total + torch.where(w.to(out.device) == 0, 0.0, product).sum().cpu()
+            w = w.to(out.device)
+            total = total + torch.where(w == 0, 0.0, out.to(torch.float64) * w).sum().cpu()
     return total
 
 
@@ -169,9 +170,7 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     weights = [torch.as_tensor(w, dtype=torch.float64) for w in values]
     rows = []
     for index in (k for k, leaf in enumerate(point.leaves) if _floating(leaf)):
-        dtype = point.leaves[index].dtype
-        rtol_k = tolerances.rtol(str(dtype).removeprefix("torch."), "finite_differences") if rtol is None else rtol
-        tolerance = (rtol_k, rtol_k if atol is None else atol)
+        leaf_tolerance = tolerance(str(point.leaves[index].dtype).removeprefix("torch."), rtol, atol)
         numeric, numeric_dtype = _differences(fn, point, index, weights, step)
 
         def total(x: torch.Tensor, index: int = index) -> torch.Tensor:
@@ -180,7 +179,7 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
         argument, leaf = point.label(index)
         for mode, derivative in (("reverse", _reverse), ("forward", _forward)):
             computed = derivative(total, point.leaves[index]).detach().to(torch.float64).cpu().numpy()
-            row = compare(argument, mode, computed, numeric, tolerance, numeric_dtype, fn_not_finite)
+            row = compare(argument, mode, computed, numeric, leaf_tolerance, numeric_dtype, fn_not_finite)
             rows.append(dataclasses.replace(row, leaf=leaf))
     return GradientReport(tuple(rows))
 
@@ -192,7 +191,4 @@ def assert_gradient(fn: Callable[..., Any], *args: Any, **options: Any) -> Gradi
         >>> assert_gradient(lambda x: x**2, torch.tensor([1.0, 2.0])).passed
         True
     """
-    report = check_gradient(fn, *args, **options)
-    if not report.passed:
-        raise AssertionError(f"gradient check failed:\n{report}")
-    return report
+    return assert_passed(check_gradient(fn, *args, **options))
