@@ -41,9 +41,7 @@ def straight_through(forward: Any, backward: Any) -> Any:
 def _straight_through_leaf(forward: Any, backward: Any) -> jax.Array:
     forward = identity.inexact_array(forward, "straight_through's forward")
     backward = identity.inexact_array(backward, "straight_through's backward", dtype_hint=forward.dtype)
-    if not layouts.may_broadcast_to(backward.shape, forward.shape):
-        raise ValueError(f"straight_through's backward of shape {backward.shape} does not broadcast to forward's "
-                         f"{forward.shape}.")
+    layouts.require_broadcast("straight_through's backward", backward.shape, "forward's", forward.shape)
     term = identity.zero_with_slope(backward.astype(forward.dtype), slope_is_negative=True)
     return identity.attach(identity.stop(forward), [term])
 
@@ -65,8 +63,7 @@ def scale_gradient(x: Any, scale: Any) -> Any:
 def _scaled(x: Any, scale: Any) -> jax.Array:
     x = identity.inexact_array(x, "scale_gradient's x")
     scale = identity.inexact_array(scale, "scale_gradient's scale", dtype_hint=x.dtype)
-    if not layouts.may_broadcast_to(scale.shape, x.shape):
-        raise ValueError(f"scale_gradient's scale of shape {scale.shape} does not broadcast to x's {x.shape}.")
+    layouts.require_broadcast("scale_gradient's scale", scale.shape, "x's", x.shape)
     return with_gradient(x, jnp.broadcast_to(scale, x.shape), x)
 
 

@@ -41,6 +41,5 @@ def stop_gradient_where(x: Any, mask: Any) -> jax.Array:
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:  # a 0/1 or float mask would be read as a select, silently
         raise TypeError(f"stop_gradient_where's mask must be a bool array; got {mask.dtype}.")
-    if not layouts.may_broadcast_to(mask.shape, x.shape):
-        raise ValueError(f"stop_gradient_where's mask of shape {mask.shape} does not broadcast to x's {x.shape}.")
+    layouts.require_broadcast("stop_gradient_where's mask", mask.shape, "x's", x.shape)
     return jnp.where(mask, identity.stop(x), x)

@@ -79,6 +79,13 @@ def may_broadcast_to(shape: Shape, target: Shape) -> bool:
     return compatible(static_broadcast(shape, target), target)
 
 
+def require_broadcast(what: str, shape: Shape, target_what: str, target: Shape) -> None:
+    """ValueError, "<what> of shape (2,) does not broadcast to <target_what> (3,).", unless ``shape`` may broadcast
+    to exactly ``target``."""
+    if not may_broadcast_to(shape, target):
+        raise ValueError(f"{what} of shape {_text(shape)} does not broadcast to {target_what} {_text(target)}.")
+
+
 def may_have_one_element(shape: Shape) -> bool:
     return shape is None or all(d is None or d == 1 for d in shape)
 

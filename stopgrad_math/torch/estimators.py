@@ -42,9 +42,7 @@ def straight_through(forward: Any, backward: Any) -> Any:
 def _straight_through_leaf(forward: Any, backward: Any) -> torch.Tensor:
     forward = identity.inexact_tensor(forward, "straight_through's forward")
     backward = identity.inexact_tensor(backward, "straight_through's backward", dtype_hint=forward.dtype)
-    if not layouts.may_broadcast_to(tuple(backward.shape), tuple(forward.shape)):
-        raise ValueError(f"straight_through's backward of shape {tuple(backward.shape)} does not broadcast to "
-                         f"forward's {tuple(forward.shape)}.")
+    layouts.require_broadcast("straight_through's backward", tuple(backward.shape), "forward's", tuple(forward.shape))
     term = identity.zero_with_slope(backward.to(forward.dtype), slope_is_negative=True)
     return identity.attach(identity.stop(forward), [term])
 
@@ -68,9 +66,7 @@ def scale_gradient(x: Any, scale: Any) -> Any:
 def _scaled(x: Any, scale: Any) -> torch.Tensor:
     x = identity.inexact_tensor(x, "scale_gradient's x")
     scale = identity.inexact_tensor(scale, "scale_gradient's scale", dtype_hint=x.dtype)
-    if not layouts.may_broadcast_to(tuple(scale.shape), tuple(x.shape)):
-        raise ValueError(f"scale_gradient's scale of shape {tuple(scale.shape)} does not broadcast to x's "
-                         f"{tuple(x.shape)}.")
+    layouts.require_broadcast("scale_gradient's scale", tuple(scale.shape), "x's", tuple(x.shape))
     return with_gradient(x, scale.to(x.device).expand(x.shape), x)
 
 

@@ -49,7 +49,5 @@ def stop_gradient_where(x: Any, mask: Any) -> torch.Tensor:
     mask = torch.as_tensor(mask, device=x.device)
     if mask.dtype != torch.bool:  # a 0/1 or float mask would be read as a select, silently
         raise TypeError(f"stop_gradient_where's mask must be a bool tensor; got {mask.dtype}.")
-    if not layouts.may_broadcast_to(tuple(mask.shape), tuple(x.shape)):
-        raise ValueError(f"stop_gradient_where's mask of shape {tuple(mask.shape)} does not broadcast to x's "
-                         f"{tuple(x.shape)}.")
+    layouts.require_broadcast("stop_gradient_where's mask", tuple(mask.shape), "x's", tuple(x.shape))
     return torch.where(mask, identity.stop(x), x)
