@@ -37,6 +37,11 @@ def _value(x: torch.Tensor) -> torch.Tensor:
     return torch.logaddexp(x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def _backward(ctx, grad):  # type: ignore[no-untyped-def]  # both anchors' rule: σ(x)·cotangent
+    (x,) = ctx.saved_tensors
+    return grad * torch.sigmoid(x)
+
+
 class _Log1pexp(torch.autograd.Function):
     """The anchor: forward, backward and a jvp, as PyTorch's documentation writes them."""
 
@@ -46,10 +51,7 @@ class _Log1pexp(torch.autograd.Function):
         ctx.save_for_forward(x)
         return _value(x)
 
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
-        (x,) = ctx.saved_tensors
-        return grad * torch.sigmoid(x)
+    backward = staticmethod(_backward)
 
     @staticmethod
     def jvp(ctx, tangent):  # type: ignore[no-untyped-def, override]
@@ -65,10 +67,7 @@ class _Log1pexpNoJvp(torch.autograd.Function):
         ctx.save_for_backward(x)
         return _value(x)
 
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
-        (x,) = ctx.saved_tensors
-        return grad * torch.sigmoid(x)
+    backward = staticmethod(_backward)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

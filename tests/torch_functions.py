@@ -13,6 +13,16 @@ def _value(x):
     return torch.where(x > 30, x, torch.log1p(torch.exp(x)))
 
 
+def _backward(ctx, grad):  # every Function's rule: σ(x)·cotangent, and σ(x)·tangent for jvp
+    (x,) = ctx.saved_tensors
+    return grad * torch.sigmoid(x)
+
+
+def _jvp(ctx, tangent):
+    (x,) = ctx.saved_tensors
+    return tangent * torch.sigmoid(x)
+
+
 class AsWritten(torch.autograd.Function):
     """forward and backward, as the tutorial writes a Function."""
 
@@ -21,10 +31,7 @@ class AsWritten(torch.autograd.Function):
         ctx.save_for_backward(x)
         return _value(x)
 
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * torch.sigmoid(x)
+    backward = staticmethod(_backward)
 
 
 class WithJvp(torch.autograd.Function):
@@ -36,15 +43,9 @@ class WithJvp(torch.autograd.Function):
         ctx.save_for_forward(x)
         return _value(x)
 
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * torch.sigmoid(x)
+    backward = staticmethod(_backward)
 
-    @staticmethod
-    def jvp(ctx, tangent):
-        (x,) = ctx.saved_tensors
-        return tangent * torch.sigmoid(x)
+    jvp = staticmethod(_jvp)
 
 
 class WithVmapRule(torch.autograd.Function):
@@ -62,15 +63,9 @@ class WithVmapRule(torch.autograd.Function):
         ctx.save_for_backward(x)
         ctx.save_for_forward(x)
 
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * torch.sigmoid(x)
+    backward = staticmethod(_backward)
 
-    @staticmethod
-    def jvp(ctx, tangent):
-        (x,) = ctx.saved_tensors
-        return tangent * torch.sigmoid(x)
+    jvp = staticmethod(_jvp)
 
 
 def identity(x):
