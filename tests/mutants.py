@@ -82,9 +82,9 @@ def _never_guards(original):
 
 
 def _everything_linear(original):
-    def linear(closed_jaxpr):
-        from stopgrad_math.jax.linear_primitives import State
-        return [State.LINEAR for _ in original(closed_jaxpr)]
+    def linear(*graph):
+        from stopgrad_math.shared.linearity import State
+        return [State.LINEAR for _ in original(*graph)]
     return linear
 
 
@@ -200,6 +200,9 @@ MUTANTS = {
     "the PyTorch identity takes fx_gx_manually_stopped on trust": Mutant(
         "stopgrad_math.torch.identity_form", "_check_held_apart", _torch_manual_stop_unchecked,
         (f"{_TORCH}::test_a_manually_stopped_fx_or_gx_that_backward_reaches_x_through_is_a_value_error_naming_it",)),
+    "the PyTorch table takes every vjp for linear": Mutant(
+        "stopgrad_math.torch.linear_ops", "judge", _everything_linear,
+        ("tests/test_torch_linear_ops.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),
     "a replica context takes grad_fn(1) for J": Mutant(
         "stopgrad_math.tensorflow.routes", "replicated", _never_replicated,
         (f"{_INSIDE_TFP}::test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise",)),

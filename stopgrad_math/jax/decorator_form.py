@@ -43,11 +43,11 @@ from jax.extend import linear_util as lu
 from jax.interpreters import partial_eval as pe
 
 from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard, vjp_closure
-from stopgrad_math.jax.linear_primitives import Finding, State
 from stopgrad_math.jax.vjp_conventions import Leaves, argument_cotangents, call_f, is_differentiable, name_of
 from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.shared import bounded_cache
 from stopgrad_math.shared.layouts import Layout
+from stopgrad_math.shared.linearity import Finding, State
 
 # The order of the embedding whose VJP is being traced, while it is. A VJP may call decorated functions, its own f
 # among them (erfcx' = 2x·erfcx − 2/√π): inside a VJP of order 1 they return their value alone (everything there

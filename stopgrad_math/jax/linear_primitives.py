@@ -3,12 +3,8 @@
 The decorator embeds a VJP through ``jax.linear_transpose``, which is exact
 for a map built of linear primitives but silently drops what is not (an
 additive constant: ``2·ct + 1`` is transposed as ``2·``). So the VJP's jaxpr
-is read first. Every variable gets a state, in one pass over the equations:
-
-  CONST     does not depend on the cotangent
-  ZERO      does not depend on it and is known to be zero (``jnp.zeros``)
-  LINEAR    a linear function of it
-  Finding   depends on it through a primitive that is not linear there
+is read first. Every variable gets a state of ``shared.linearity`` (CONST,
+ZERO, LINEAR or a Finding), in one pass over the equations.
 
 An equation none of whose inputs depends on the cotangent is CONST; one
 that reads a Finding passes it on; any other is judged by its row of the
@@ -21,39 +17,14 @@ every result is LINEAR or ZERO.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from jax.extend import core
 
+from stopgrad_math.shared.linearity import AFFINE, Finding, Judged, State
 
-class State(enum.Enum):
-    CONST = "does not depend on the cotangent"
-    ZERO = "zero"
-    LINEAR = "linear in the cotangent"
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    """A primitive on the cotangent's path that is not linear there, and why (``where``: the calls it is in)."""
-
-    primitive: str
-    why: str
-    where: tuple[str, ...] = ()
-    unknown: bool = False  # the table does not know the primitive: not proven, rather than shown non-linear
-
-    @property
-    def place(self) -> str:
-        """The primitive and the calls it is in, innermost first."""
-        return self.primitive + "".join(f" inside {call}" for call in reversed(self.where))
-
-    def __str__(self) -> str:
-        return f"{self.place} ({self.why})"
-
-
-Judged = State | Finding
 _Rule = Callable[[Any, list[Judged]], list[Judged] | Finding]
 
 
@@ -72,9 +43,7 @@ def _outputs(eqn: Any, state: Judged) -> list[Judged]:
 def _sum_of_terms(eqn: Any, states: list[Judged]) -> list[Judged] | Finding:
     """add, sub, concatenate, complex...: linear where every operand is linear or zero (else affine)."""
     if any(s is State.CONST for s in states):
-        return Finding(eqn.primitive.name, "adds a term that does not depend on the cotangent and is not provably "
-                                           "zero (0·x is not: it is NaN where x is infinite): an affine map, whose "
-                                           "constant a transpose would drop")
+        return Finding(eqn.primitive.name, AFFINE)
     return _outputs(eqn, State.LINEAR)
 
 
