@@ -254,11 +254,6 @@ def test_fx_without_gx_and_x_is_a_type_error_naming_both_forms():
         sgm.custom_gradient(torch.ones(2))
 
 
-def test_the_decorator_form_is_not_here_yet_and_says_so():
-    with pytest.raises(NotImplementedError, match=r"decorator form is not in stopgrad_math\.torch yet"):
-        sgm.custom_gradient(lambda x: (x, lambda ct: ct))
-
-
 @settings(max_examples=60, deadline=None)
 @given(elementwise_cases())
 def test_the_value_is_fx_and_the_derivative_gx_for_any_shape_dtype_and_value(case):

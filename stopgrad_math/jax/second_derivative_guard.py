@@ -33,13 +33,7 @@ import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-MESSAGES = {
-    1: "A second derivative through {name}, decorated at order=1, would miss the term through its vjp's own "
-       "dependence on the arguments (order=1 holds the vjp's Jacobian constant). Decorate it with "
-       "custom_gradient(order=2) for exact second derivatives.",
-    2: "A third derivative through {name}, decorated at order=2, would miss terms: order=2 is exact to the second "
-       "derivative.",
-}
+from stopgrad_math.shared.arguments import BEYOND_ORDER
 
 _fence_p = core.Primitive("stopgrad_math_fence")
 
@@ -90,7 +84,7 @@ def _guarded_jvp(order: int, message: str, primals: tuple[jax.Array, list[jax.Ar
 
 def guarded(v: jax.Array, watched: list[jax.Array], order: int, name: str) -> jax.Array:
     """v, whose tangent is dv·fence(watched): exact, and raising at the derivative beyond ``order``."""
-    return _guarded(v, watched, order, MESSAGES[order].format(name=name))
+    return _guarded(v, watched, order, BEYOND_ORDER[order].format(name=name))
 
 
 def _times(value: jax.Array, one: jax.Array) -> jax.Array:

@@ -19,19 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from stopgrad_math.jax import identity
+from stopgrad_math.shared.arguments import call_f, cotangent_of_each_argument, name_of
 
-
-def name_of(f: Callable[..., Any]) -> str:
-    """f's name, for messages."""
-    return getattr(f, "__name__", repr(f))
-
-
-def call_f(f: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> tuple[Any, Callable[[Any], Any]]:
-    """f's ``(y, vjp)``; TypeError where f returns anything else."""
-    result = f(*args, **kwargs)
-    if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
-        raise TypeError(f"{name_of(f)} must return a pair (y, vjp); got {type(result).__name__}.")
-    return result[0], result[1]
+__all__ = ["Leaves", "argument_cotangents", "call_f", "is_differentiable", "name_of"]
 
 
 def is_differentiable(leaf: Any) -> bool:
@@ -72,25 +62,6 @@ class Leaves:
         return jax.tree_util.tree_unflatten(self.structure, values)
 
 
-def _cotangent_of_each_argument(result: Any, args: tuple[Any, ...], names: list[str],
-                                f: Callable[..., Any]) -> list[Any]:
-    """vjp's answer as one cotangent pytree (or None) per positional argument: a tuple of one per argument, or
-    for one argument its cotangent alone."""
-    sequence = isinstance(result, (tuple, list))
-    count = len(args)
-    if count == 1:
-        if sequence and len(result) == 1:
-            return [result[0]]
-        if not sequence or _matches(args[0], result):
-            return [result]
-    elif sequence and len(result) == count:
-        return list(result)
-    got = len(result) if sequence else 1
-    raise ValueError(f"The vjp of {name_of(f)} returned {got} cotangent{'s' * (got != 1)} for {count} positional "
-                     f"argument{'s' * (count != 1)} ({', '.join(names)}): it returns one per argument, in a tuple "
-                     "where there are several (None for no gradient).")
-
-
 def _matches(argument: Any, cotangent: Any) -> bool:
     """Whether the sequence cotangent is argument's cotangent: argument is a container of its structure."""
     structure = jax.tree_util.tree_structure(argument)
@@ -107,7 +78,7 @@ def argument_cotangents(result: Any, args: tuple[Any, ...], leaves: Leaves, name
                          f: Callable[..., Any]) -> dict[int, jax.Array]:
     """The cotangent of each argument leaf that vjp gives one for (None and float0 zeros are no gradient),
     cast to the leaf's dtype, its shape checked."""
-    per_argument = _cotangent_of_each_argument(result, args, names, f)
+    per_argument = cotangent_of_each_argument(result, args, names, f, _matches)
     flat: list[Any] = []
     for name, argument, ct in zip(names, args, per_argument, strict=True):
         structure = jax.tree_util.tree_structure(argument)

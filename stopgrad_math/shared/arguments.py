@@ -1,10 +1,13 @@
-"""custom_gradient's arguments, read alike in both namespaces.
+"""custom_gradient's arguments, read alike in every namespace.
 
 Which form a call is, and which of a decorated function's arguments are
 differentiable: the positional ones; keyword arguments are constants (each namespace
 makes a derivative that reaches one raise, naming it), unless every
 argument is a keyword: then those that name positional parameters are bound
-as positional, as the call ``f(x=1.0)`` means ``f(1.0)``.
+as positional, as the call ``f(x=1.0)`` means ``f(1.0)``. And the decorated
+function's answer: ``call_f`` reads its ``(y, vjp)``, and
+``cotangent_of_each_argument`` the VJP's answer, one cotangent (or None) per
+positional argument.
 """
 
 from __future__ import annotations
@@ -43,6 +46,16 @@ def require_gx_and_x(gx: Any, x: Any) -> None:
         )
 
 
+# What a decorator's guard says where a derivative goes beyond its order (a LookupError in every namespace).
+BEYOND_ORDER = {
+    1: "A second derivative through {name}, decorated at order=1, would miss the term through its vjp's own "
+       "dependence on the arguments (order=1 holds the vjp's Jacobian constant). Decorate it with "
+       "custom_gradient(order=2) for exact second derivatives.",
+    2: "A third derivative through {name}, decorated at order=2, would miss terms: order=2 is exact to the second "
+       "derivative.",
+}
+
+
 def check_options(order: Any, check_linearity: Any) -> None:
     """The decorator's options, checked when they are given (not when the decorated function first runs)."""
     if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order not in (1, 2):
@@ -66,3 +79,36 @@ def decorator_form(fx: Any, gx: Any, x: Any, order: Any, check_linearity: Any,
         raise ValueError("order and check_linearity belong to the decorator form, custom_gradient(f).")
     require_gx_and_x(gx, x)
     return None
+
+
+def name_of(f: Callable[..., Any]) -> str:
+    """f's name, for messages."""
+    return getattr(f, "__name__", repr(f))
+
+
+def call_f(f: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> tuple[Any, Callable[[Any], Any]]:
+    """f's ``(y, vjp)``; TypeError where f returns anything else."""
+    result = f(*args, **kwargs)
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and callable(result[1])):
+        raise TypeError(f"{name_of(f)} must return a pair (y, vjp); got {type(result).__name__}.")
+    return result[0], result[1]
+
+
+def cotangent_of_each_argument(result: Any, args: tuple[Any, ...], names: list[str], f: Callable[..., Any],
+                               matches: Callable[[Any, Any], bool]) -> list[Any]:
+    """vjp's answer as one cotangent nest (or None) per positional argument: a tuple of one per argument, or
+    for one argument its cotangent alone. ``matches(argument, answer)``: whether a sequence answer is the one
+    argument's cotangent (the argument a container of its structure), as the framework's pytrees tell."""
+    sequence = isinstance(result, (tuple, list))
+    count = len(args)
+    if count == 1:
+        if sequence and len(result) == 1:
+            return [result[0]]
+        if not sequence or matches(args[0], result):
+            return [result]
+    elif sequence and len(result) == count:
+        return list(result)
+    got = len(result) if sequence else 1
+    raise ValueError(f"The vjp of {name_of(f)} returned {got} cotangent{'s' * (got != 1)} for {count} positional "
+                     f"argument{'s' * (count != 1)} ({', '.join(names)}): it returns one per argument, in a tuple "
+                     "where there are several (None for no gradient).")

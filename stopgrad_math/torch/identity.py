@@ -84,6 +84,24 @@ def zero_with_gradient(x: Any) -> torch.Tensor:
     return zero_with_slope(inexact_tensor(x, "zero_with_gradient's x"), slope_is_negative=False)
 
 
+def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor]) -> torch.Tensor:
+    """+0.0 in p's shape with p's derivative, p being linear in ``zeros`` (the decorator's J·v, with the zeros
+    ``stop(x) − x``).
+
+    p − stop(p) is +0.0 where p is finite (a −0.0 product included). Where p
+    is inf or NaN (an infinite element in the VJP) the select keeps +0.0 and
+    drops p's derivative; a carrier makes it NaN there instead, never a
+    silent zero: sqrt(k + 0·Σ zeros) − k with k = 1 where p is finite (slope
+    0) and 0 where it is not, whose slope is then 0/0.
+    """
+    still = stop(p)
+    finite = torch.isfinite(still)
+    zero = torch.where(finite, p - still, 0.0)
+    k = finite.to(zero.real.dtype)
+    total = sum((z.real.sum() for z in zeros), torch.zeros((), dtype=k.dtype, device=k.device))
+    return zero + (torch.sqrt(k + 0.0 * total) - k).to(zero.dtype)
+
+
 def attach(value: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
     """value − Σ terms, each exactly +0.0 and broadcasting to value's shape: the value, bit for bit."""
     for term in terms:

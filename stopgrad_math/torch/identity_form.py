@@ -10,7 +10,7 @@ from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import arguments, layouts
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.torch import identity
+from stopgrad_math.torch import decorator_form, identity
 
 
 def _leaves(gx: Any, x: Any) -> list[tuple[str, Any, Any]]:
@@ -34,16 +34,10 @@ def _checked(fx: torch.Tensor, label: str, g: Any, x: Any) -> tuple[Layout, torc
     return choice.layouts[0], g if g.dtype == fx.dtype else g.to(fx.dtype), x
 
 
-def _decorator_not_yet(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
-    raise NotImplementedError(
-        f"custom_gradient({getattr(f, '__name__', 'f')}): the decorator form is not in stopgrad_math.torch yet; "
-        "use the identity form, custom_gradient(fx, gx, x), or the decorator of stopgrad_math or stopgrad_math.jax.")
-
-
 def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manually_stopped: bool = False,
                     name: str | None = None, *, order: int = 1,
                     check_linearity: bool = False) -> torch.Tensor | Callable[..., Any]:
-    """Embeds a known gradient: ``custom_gradient(fx, gx, x)``.
+    """Embeds a known gradient: ``custom_gradient(fx, gx, x)`` or ``@custom_gradient``.
 
     **Identity form**, tfp's signature: a tensor with the value of ``fx``
     bit for bit (−0.0, inf and NaN included) and the derivative ``gx`` with
@@ -64,20 +58,27 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
     derivative of its sign; an inf or NaN element of x keeps the value and
     gets no derivative.
 
+    **Decorator form**: ``f(*args)`` returns ``(y, vjp)``; the decorated f
+    has the value y bit for bit and the VJP's derivative under ``backward``,
+    ``forward_ad`` and every ``torch.func`` transform (an ``autograd.Function``
+    with a ``backward`` alone has no forward mode). vjp must be linear in its
+    cotangent, which is proven from its graph of ATen ops (a ValueError names
+    any other op); ``order=2`` makes second derivatives exact.
+
     Every argument, error and limit: [custom_gradient in full](custom_gradient.md).
 
     Args:
-      fx: the value f(x).
+      fx: the value f(x); or, alone, the function to decorate.
       gx: the derivative of f at x (None: no gradient for that leaf).
       x: what the derivative is with respect to.
       fx_gx_manually_stopped: fx and gx are used as given, unstopped (a ValueError where backward would reach x
         through them).
       name: accepted for tfp's signature (PyTorch keeps no op names).
-      order: the decorator form's; not in this namespace yet.
-      check_linearity: the decorator form's; not in this namespace yet.
+      order: decorator form: 2 for exact second derivatives.
+      check_linearity: decorator form: accepted; on PyTorch linearity is always proven.
 
     Returns:
-      fx with derivative gx.
+      fx with derivative gx; or the decorated function.
 
     Examples:
         log(1 + exp(x)) with its exact derivative at x = 100, in forward mode.
@@ -85,9 +86,15 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
         >>> f = lambda x: custom_gradient(torch.logaddexp(x, torch.zeros(())), torch.sigmoid(x), x)
         >>> torch.func.jvp(f, (torch.tensor([0.0, 100.0]),), (torch.ones(2),))[1]
         tensor([0.5000, 1.0000])
+        >>> @custom_gradient
+        ... def log1pexp(x):
+        ...     e = torch.exp(x)
+        ...     return torch.log1p(e), lambda ct: ct * (1 - 1 / (1 + e))
+        >>> torch.func.jvp(log1pexp, (torch.tensor(100.0),), (torch.tensor(1.0),))[1]
+        tensor(1.)
     """
     del name  # PyTorch keeps no op names
-    decorated = arguments.decorator_form(fx, gx, x, order, check_linearity, _decorator_not_yet)
+    decorated = arguments.decorator_form(fx, gx, x, order, check_linearity, decorator_form.decorate)
     if decorated is not None:
         return decorated
     return with_gradient(fx, gx, x, fx_gx_manually_stopped)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import fx
@@ -280,7 +280,8 @@ def judge(graph: fx.Graph, cotangents: int) -> list[Judged]:
 @dataclasses.dataclass(frozen=True)
 class Traced:
     """A function as a functional graph of ATen ops of its arguments and then of ``constants``, the tensors it
-    closes over (in the order of the graph's placeholders after the arguments)."""
+    closes over (in the order of the graph's placeholders after the arguments); the first ``arguments``
+    placeholders are the cotangent."""
 
     graph: fx.GraphModule
     constants: list[torch.Tensor]
@@ -294,18 +295,28 @@ class Traced:
         return self.graph(*arguments, *self.constants)
 
 
-def trace(function: Callable[..., Any], *examples: torch.Tensor) -> Traced:
+def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int | None = None,
+          fake: bool = False) -> Traced:
     """function traced on ``examples`` into a functional graph of ATen ops (no in-place op: ``g[i] = u`` is a
-    scatter), the tensors it closes over lifted to inputs.
+    scatter), the tensors it closes over lifted to inputs. ``cotangents``: how many of the examples, first, are
+    the cotangent (by default all; the others are constants). ``fake``: on fake tensors of the examples' shapes,
+    so that reading a tensor's value in Python raises rather than choosing a branch for these values.
 
     Two traces: the first records the ops as they run, with the closed-over tensors as constants; those become
     placeholders, and the second trace functionalizes that graph, which PyTorch can do only where every tensor
     is an input (writing into a copy of a closed-over tensor is then a scatter too)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    recorded = make_fx(function)(*examples)
+    mode: Literal["real", "fake"] = "fake" if fake else "real"
+    # Fake mode takes in a tensor the function reads from a global or an object (a real one) as it goes, and
+    # raises where a value is read in Python; real mode lets the function read one, its branch taken for this
+    # call's values, which are the values the trace is for.
+    recorded = make_fx(function, tracing_mode=mode, _allow_non_fake_inputs=fake,
+                       _error_on_data_dependent_ops=fake)(*examples)
     constants = _lifted(recorded)
-    return Traced(make_fx(torch.func.functionalize(recorded))(*examples, *constants), constants, len(examples))
+    functional = make_fx(torch.func.functionalize(recorded), tracing_mode=mode,
+                         _error_on_data_dependent_ops=fake)(*examples, *constants)
+    return Traced(functional, constants, len(examples) if cotangents is None else cotangents)
 
 
 def _lifted(module: fx.GraphModule) -> list[torch.Tensor]:

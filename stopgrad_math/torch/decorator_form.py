@@ -1,0 +1,256 @@
+"""The decorator form in PyTorch: a VJP embedded as the linear map it is the transpose of.
+
+``f(*args)`` returns ``(y, vjp)``, ``vjp(ct)`` the cotangents of the
+positional arguments (as in the other namespaces). The VJP is traced into a
+graph of ATen ops, and ``linear_ops`` proves it linear from that graph (or
+names the op that is not). J·v is then the VJP's own derivative: the VJP of
+the linear map ct ↦ Jᵀct is J, so the pullback of ``torch.func.vjp`` of the
+VJP, applied to the zero v, is J·v, made of the ATen ops' derivatives:
+
+    h = y − zero_with_derivative_of(J·v),   v = stop(x) − x
+
+v is +0.0 in value, so h is y bit for bit; the derivative of h w.r.t. x is
+J in every mode (``backward``, ``forward_ad``, ``torch.func``), and its
+transpose, the reverse-mode product, is the VJP again. It is exact wherever
+the VJP's ops are linear in the cotangent and their derivatives are their
+exact transposes, which is what the table admits. Where y has one element,
+J is vjp(1) and the identity form embeds it, which keeps an infinite
+derivative.
+
+At ``order=1`` f runs at stop(x) and what the VJP closes over is stopped, so
+J is constant; ``second_derivative_guard`` makes a second derivative raise
+where PyTorch shows it. At ``order=2`` f runs at the midpoint
+``stop(x) + (x − stop(x))/2``, equal to x bit for bit and moving at half
+speed, which makes J·v exact to second order; y is computed at stop(x) by a
+second call. What f reads other than its positional arguments (keyword
+arguments, a module's parameters) keeps y's ordinary autodiff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+from stopgrad_math.shared import arguments as arguments_of
+from stopgrad_math.shared.arguments import call_f, name_of
+from stopgrad_math.shared.layouts import Layout
+from stopgrad_math.shared.linearity import Finding, State
+from stopgrad_math.torch import identity, linear_ops, second_derivative_guard, vjp_closure
+from stopgrad_math.torch.vjp_conventions import Leaves, argument_cotangents, stand_in
+
+# The order of the embedding whose VJP is being evaluated, while it is: decorated calls inside a VJP of order 1
+# return their value alone (everything there is stopped, and a recursion ends); inside one of order 2 they
+# embed at order 1.
+_EVALUATING: contextvars.ContextVar[int | None] = contextvars.ContextVar("vjp_evaluation", default=None)
+
+
+@contextlib.contextmanager
+def _evaluating(order: int) -> Iterator[None]:
+    token = _EVALUATING.set(order)
+    try:
+        yield
+    finally:
+        _EVALUATING.reset(token)
+
+
+# ---------------------------------------------------------------- the VJP, traced and proven linear
+
+
+class _Cotangents:
+    """The VJP as a function of the cotangents of y's differentiable leaves, giving the cotangents of the
+    argument leaves it answers for (``found``, by leaf index), in that order."""
+
+    def __init__(self, f: Callable[..., Any], names: list[str], leaves: Leaves, outputs: Leaves, order: int):
+        self.f, self.names, self.leaves, self.outputs, self.order = f, names, leaves, outputs, order
+        self.found: list[int] = []
+
+    def described(self) -> Callable[[], _Cotangents]:
+        """A maker of the same reading with each tensor leaf a plain stand-in of its shape and dtype: what a
+        trace outside a torch.func transform may touch (a wrapper of the transform, there, may not be)."""
+        leaves, outputs = self.leaves.described(), self.outputs.described()
+        return lambda: _Cotangents(self.f, self.names, leaves(), outputs(), self.order)
+
+    def of(self, vjp: Callable[[Any], Any], kept: list[int] | None = None) -> Callable[..., list[torch.Tensor]]:
+        """``vjp`` read leaf by leaf; ``kept``: the positions (in ``found``) to return, by default all."""
+        args = tuple(self.leaves.with_values({}))
+
+        def cotangents(*cts: torch.Tensor) -> list[torch.Tensor]:
+            outputs = self.outputs
+            with _evaluating(self.order):
+                answer = vjp(outputs.with_values({
+                    **{k: None for k in range(len(outputs.values)) if k not in outputs.differentiable},
+                    **dict(zip(outputs.differentiable, cts, strict=True))}))
+            by_leaf = argument_cotangents(answer, args, self.leaves, self.names, self.f)
+            self.found = list(by_leaf)
+            values = list(by_leaf.values())
+            return values if kept is None else [values[j] for j in kept]
+
+        return cotangents
+
+
+def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor]) -> linear_ops.Traced:
+    """The VJP as an ATen graph. Outside torch.func it is traced as it is, on real values; under a transform
+    the tensors it closes over are the transform's wrappers, so they are lifted out and it is traced outside
+    the transform on fake stand-ins of their shapes (a VJP that reads a tensor's value in Python then raises)."""
+    name = name_of(cotangents.f)
+    if not second_derivative_guard.in_transform():
+        return linear_ops.trace(cotangents.of(vjp), *examples)
+    lifted = vjp_closure.lifted(vjp)
+    if lifted is None:
+        raise ValueError(f"The vjp of {name} is a {type(vjp).__name__}, not a function: under torch.func the "
+                         "decorator traces a vjp with the tensors it closes over lifted out, which only a plain "
+                         "function (a def or a lambda) allows.")
+    makers = [stand_in(t) for t in [*examples, *lifted.tensors]]
+    count = len(examples)
+    describe = cotangents.described()
+    with temporarily_clear_interpreter_stack():
+        described = describe()
+
+        def rebuilt(*values: torch.Tensor) -> list[torch.Tensor]:
+            return described.of(lifted.rebuild(list(values[count:])))(*values[:count])
+
+        try:
+            traced = linear_ops.trace(rebuilt, *[make() for make in makers], cotangents=count, fake=True)
+        except (ValueError, TypeError, LookupError):
+            raise
+        except Exception as error:  # what make_fx raises on a value read or a wrapped tensor
+            raise ValueError(
+                f"The vjp of {name} cannot be traced under torch.func ({type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}). Under a transform the decorator traces it "
+                "by shapes alone, with the tensors it closes over lifted out: it may not read a tensor's value in "
+                "Python (write the choice with torch.where), nor a tensor held by an object or a global (close "
+                "over the tensor itself).") from error
+    cotangents.found = described.found
+    return traced
+
+
+def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor]) -> list[int]:
+    """The positions (in ``cotangents.found``) of the argument leaves whose cotangent is linear in the
+    cotangent of y; ValueError naming the op or the leaf where the VJP is not linear."""
+    states = _traced(cotangents, vjp, examples).states()
+    f, leaves = cotangents.f, cotangents.leaves
+    kept = []
+    for j, (k, state) in enumerate(zip(cotangents.found, states, strict=True)):
+        label = leaves.labels[k]
+        if isinstance(state, Finding) and state.unknown:
+            raise ValueError(f"The vjp of {name_of(f)} uses {state.place} on the path to the cotangent for {label}, "
+                             "an op stopgrad_math.torch.linear_ops does not know: its linearity is not proven, so "
+                             "the vjp cannot be embedded (the identity's backward pass is linear). If it is linear, "
+                             "its row belongs in that table.")
+        if isinstance(state, Finding):
+            raise ValueError(f"The vjp of {name_of(f)} is not linear in its cotangent, so it cannot be embedded "
+                             f"(the identity's backward pass is linear): {state}, on the path to the cotangent "
+                             f"for {label}.")
+        if state is State.CONST:
+            raise ValueError(f"The vjp of {name_of(f)} returns a cotangent for {label} that does not depend on the "
+                             "cotangent of y and is not provably zero: an affine map, not a VJP.")
+        if state is State.LINEAR and k not in leaves.differentiable:
+            raise ValueError(f"The vjp of {name_of(f)} returns a cotangent for {label}, which is not differentiable "
+                             f"({getattr(leaves.values[k], 'dtype', type(leaves.values[k]).__name__)}): it would be "
+                             "lost. Return None for it.")
+        if state is State.LINEAR:
+            kept.append(j)
+    return kept
+
+
+# ---------------------------------------------------------------- the embedding
+
+
+def _one_element(outputs: Leaves, xs: list[torch.Tensor]) -> bool:
+    """Whether J is vjp(1): one differentiable output of one element, complex exactly where the arguments are."""
+    if len(outputs.differentiable) != 1:
+        return False
+    y = outputs.values[outputs.differentiable[0]]
+    return y.numel() == 1 and all(x.is_complex() == y.is_complex() for x in xs)
+
+
+def _stopped_closure(vjp: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The VJP over stopped copies of the tensors it closes over (order 1: J constant), where it can be opened."""
+    lifted = vjp_closure.lifted(vjp)
+    return vjp if lifted is None else lifted.rebuild([identity.stop(t) for t in lifted.tensors])
+
+
+def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], order: int) -> tuple[Any, Any]:
+    """f's ``(y, vjp)``: y at stop(x); the VJP at stop(x) with what it closes over stopped (order 1), or at the
+    midpoint stop(x) + (x − stop(x))/2 (order 2)."""
+    stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
+    if order == 1:
+        y, vjp = call_f(f, leaves.with_values(stopped), kwargs)
+        return y, _stopped_closure(vjp)
+    midpoint = {k: s + identity.zero_with_slope(leaves.values[k], slope_is_negative=False) / 2
+                for k, s in stopped.items()}
+    vjp = call_f(f, leaves.with_values(midpoint), kwargs)[1]
+    return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp
+
+
+def _attached(linear: Callable[..., list[torch.Tensor]], outputs: Leaves, xs: list[torch.Tensor],
+              examples: list[torch.Tensor], order: int) -> Any:
+    """y with each differentiable output's zero term attached; ``linear``: the proven VJP, from the cotangents of
+    y's differentiable leaves to those of ``xs``."""
+    if _one_element(outputs, xs):  # the identity form, with the Jacobian's one row vjp(1)
+        index = outputs.differentiable[0]
+        value = outputs.values[index]
+        gradients = linear(torch.ones_like(value))
+        terms = [identity.zero_term(Layout.SCALAR, value, x, g if order == 2 else identity.stop(g))
+                 for x, g in zip(xs, gradients, strict=True)]
+        return outputs.with_values({index: identity.attach(value, [t.reshape(value.shape) for t in terms])})
+    zeros = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
+    pullback = torch.func.vjp(linear, *examples)[1]
+    products = pullback(zeros)
+    return outputs.with_values({k: identity.attach(outputs.values[k], [identity.zero_with_derivative_of(p, zeros)])
+                                for k, p in zip(outputs.differentiable, products, strict=True)})
+
+
+def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any], order: int,
+           guard: bool) -> Any:
+    name = name_of(f)
+    leaves = Leaves.of_arguments(args, names)
+    if not leaves.differentiable:
+        return call_f(f, args, kwargs)[0]
+    y, vjp = _evaluated(f, leaves, kwargs, order)
+    outputs = Leaves.of(y, "y")
+    if not outputs.differentiable:
+        return y
+    if guard:
+        second_derivative_guard.check([*leaves.tensors(), *outputs.tensors()], order, name)
+    cotangents = _Cotangents(f, names, leaves, outputs, order)
+    examples = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in outputs.tensors()]
+    kept = _proven(cotangents, vjp, examples)
+    xs = [leaves.values[cotangents.found[j]] for j in kept]
+    if not xs:
+        return y
+    if guard and order == 1:
+        xs = [second_derivative_guard.hooked(x, name) for x in xs]
+    return _attached(cotangents.of(vjp, kept), outputs, xs, examples, order)
+
+
+def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
+    """Returns f with its VJP embedded as a linear map; the contract is on ``custom_gradient``.
+
+    ``check_linearity`` is accepted for the TensorFlow namespace's signature:
+    on PyTorch every VJP is traced, so its linearity is always proven.
+    """
+    arguments_of.check_options(order, check_linearity)
+
+    @functools.wraps(f)
+    def decorated(*args: Any, **kwargs: Any) -> Any:
+        by_keyword = not args and bool(kwargs)
+        args, kwargs = arguments_of.positional(f, args, kwargs)
+        names = arguments_of.names(f, len(args), by_keyword)
+        evaluating = _EVALUATING.get()
+        if evaluating == 1:  # inside a VJP of order 1: everything is stopped, the value is all that is needed
+            return call_f(f, args, kwargs)[0]
+        if evaluating == 2:  # inside a VJP of order 2: its arguments move with x, at first order
+            return _embed(f, args, names, kwargs, order=1, guard=False)
+        return _embed(f, args, names, kwargs, order, guard=True)
+
+    decorated.undecorated = f  # type: ignore[attr-defined]
+    # Dynamo does not trace the embedding (make_fx and torch.func's introspection run inside it): under
+    # torch.compile a decorated call is a graph break, run eagerly, and fullgraph=True raises, naming it.
+    return torch.compiler.disable(decorated)  # type: ignore[no-untyped-call,no-any-return]

@@ -1,0 +1,80 @@
+"""A VJP with the tensors it closes over lifted out, for tracing it where they cannot be traced.
+
+Under ``torch.func`` the tensors a VJP closes over are the transforms'
+wrappers (a ``BatchedTensor`` under ``vmap``), which ``make_fx`` cannot
+trace outside their transform, and inside it would trace them wrongly.
+``lifted`` opens the VJP: the tensors in its closure and its defaults (in
+tuples, lists and dicts, and in the functions it closes over, two levels
+deep) become a list, and ``rebuild(tensors)`` makes the same VJP over
+others, here plain stand-ins of the same shapes and dtypes. What it cannot
+open (an object's attributes, a global) stays as it is; a VJP that reads a
+wrapped tensor that way is found when it is traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+DEPTH = 2  # how many levels of functions in a closure are opened
+
+Rebuild = Callable[[list[torch.Tensor]], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Lifted:
+    """A VJP's closed-over tensors, and ``rebuild(tensors)``: the VJP over others of their shapes."""
+
+    tensors: list[torch.Tensor]
+    rebuild: Rebuild
+
+
+def lifted(vjp: Callable[..., Any]) -> Lifted | None:
+    """The VJP opened, or None where it is not a plain function (a ``functools.partial``, a callable object)."""
+    if not isinstance(vjp, types.FunctionType):
+        return None
+    tensors: list[torch.Tensor] = []
+    return Lifted(tensors, _function(vjp, DEPTH, tensors))
+
+
+def _function(fn: types.FunctionType, depth: int, tensors: list[torch.Tensor]) -> Rebuild:
+    cells = [_cell(cell, depth, tensors) for cell in fn.__closure__ or ()]
+    defaults = [_value(v, depth, tensors) for v in fn.__defaults__ or ()]
+
+    def rebuild(new: list[torch.Tensor]) -> types.FunctionType:
+        closure = tuple(build(new) for build in cells) or None
+        made = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__,
+                                  tuple(build(new) for build in defaults) or None, closure)
+        made.__kwdefaults__ = fn.__kwdefaults__
+        return made
+
+    return rebuild
+
+
+def _value(value: Any, depth: int, tensors: list[torch.Tensor]) -> Rebuild:
+    if isinstance(value, torch.Tensor):
+        index = len(tensors)
+        tensors.append(value)
+        return lambda new: new[index]
+    if type(value) in (tuple, list):
+        parts = [_value(v, depth, tensors) for v in value]
+        return lambda new: type(value)(build(new) for build in parts)
+    if type(value) is dict:
+        items = {k: _value(v, depth, tensors) for k, v in value.items()}
+        return lambda new: {k: build(new) for k, build in items.items()}
+    if isinstance(value, types.FunctionType) and depth > 0:
+        return _function(value, depth - 1, tensors)
+    return lambda new: value
+
+
+def _cell(cell: Any, depth: int, tensors: list[torch.Tensor]) -> Callable[[list[torch.Tensor]], Any]:
+    try:
+        contents = cell.cell_contents
+    except ValueError:  # a cell not yet filled (a name assigned after the VJP is made): kept as it is
+        return lambda new: cell
+    build = _value(contents, depth, tensors)
+    return lambda new: types.CellType(build(new))

@@ -1,0 +1,117 @@
+"""How the PyTorch decorator reads what it is given: the leaves of the arguments and of y, and the VJP's answer.
+
+A leaf is differentiable where PyTorch differentiates it (a floating or
+complex tensor); anything else, Python numbers included, passes through to
+f as it is. Nests are read by ``torch.utils._pytree``, as ``torch.func``
+reads them. The VJP's answer is read as in the other namespaces
+(``shared.arguments.cotangent_of_each_argument``); ``argument_cotangents``
+checks each cotangent against its leaf's structure, shape and kind, or names
+what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from stopgrad_math.shared.arguments import cotangent_of_each_argument, name_of
+from stopgrad_math.torch import identity
+
+
+def is_differentiable(leaf: Any) -> bool:
+    """A floating or complex tensor: what PyTorch differentiates."""
+    return isinstance(leaf, torch.Tensor) and identity.is_inexact(leaf.dtype)
+
+
+@dataclasses.dataclass
+class Leaves:
+    """A nest's leaves, with labels, and which of them are differentiable tensors."""
+
+    labels: list[str]
+    values: list[Any]
+    structure: Any  # pytree.TreeSpec
+    differentiable: list[int]
+
+    @classmethod
+    def of_arguments(cls, args: tuple[Any, ...], names: list[str]) -> Leaves:
+        """The leaves of the positional arguments, each labelled by its argument's name and its path in it."""
+        return cls.of(list(args), "", lambda path: f"{names[path[0].idx]}{pytree.keystr(path[1:])}")
+
+    @classmethod
+    def of(cls, tree: Any, prefix: str, label: Callable[[Any], str] | None = None) -> Leaves:
+        """``label``: a leaf's path to its label; by default ``prefix`` and the path."""
+        pairs, structure = pytree.tree_flatten_with_path(tree)
+        values = [v for _, v in pairs]
+        label = label or (lambda path: f"{prefix}{pytree.keystr(path)}")
+        return cls([label(p) for p, _ in pairs], values, structure,
+                   [k for k, v in enumerate(values) if is_differentiable(v)])
+
+    def with_values(self, replaced: dict[int, Any]) -> Any:
+        return pytree.tree_unflatten([replaced.get(k, v) for k, v in enumerate(self.values)], self.structure)
+
+    def described(self) -> Callable[[], Leaves]:
+        """A maker of the same leaves with each tensor a plain stand-in of its shape and dtype (``stand_in``):
+        the shapes are read now, the stand-ins made when it is called (outside a torch.func transform, where
+        one made inside would be the transform's)."""
+        makers = [stand_in(v) if isinstance(v, torch.Tensor) else (lambda v=v: v) for v in self.values]
+        return lambda: dataclasses.replace(self, values=[make() for make in makers])
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The differentiable leaves, in order."""
+        return [self.values[k] for k in self.differentiable]
+
+
+def stand_in(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A maker of a plain tensor of the shape, dtype and device the tensor shows (its logical shape under
+    ``vmap``), read now."""
+    shape, dtype, device = tensor.shape, tensor.dtype, tensor.device
+    return lambda: torch.empty(shape, dtype=dtype, device=device)
+
+
+def _matches(argument: Any, cotangent: Any) -> bool:
+    """Whether the sequence cotangent is argument's cotangent: argument is a container of its structure."""
+    structure = pytree.tree_structure(argument)
+    return not structure.is_leaf() and pytree.tree_structure(cotangent) == structure
+
+
+def argument_cotangents(result: Any, args: tuple[Any, ...], leaves: Leaves, names: list[str],
+                        f: Callable[..., Any]) -> dict[int, torch.Tensor]:
+    """The cotangent of each argument leaf that vjp gives one for (None is no gradient), cast to the leaf's
+    dtype, its shape checked."""
+    flat: list[Any] = []
+    for name, argument, ct in zip(names, args, cotangent_of_each_argument(result, args, names, f, _matches),
+                                  strict=True):
+        count = len(pytree.tree_leaves(argument))
+        if ct is None:
+            flat += [None] * count
+            continue
+        cts, structure = pytree.tree_flatten(ct)
+        if structure != pytree.tree_structure(argument):
+            raise ValueError(f"The vjp of {name_of(f)} returned a cotangent for {name} of another structure than "
+                             f"the argument: {structure} for {pytree.tree_structure(argument)}.")
+        flat += cts
+    found = {}
+    for k, ct in enumerate(flat):
+        if ct is not None:
+            found[k] = _checked(f, leaves.labels[k], leaves.values[k], ct, k in leaves.differentiable)
+    return found
+
+
+def _checked(f: Callable[..., Any], label: str, x: Any, ct: Any, differentiable: bool) -> torch.Tensor:
+    """ct as a tensor in x's dtype; ValueError or TypeError naming ``label`` where its shape or kind is not x's."""
+    if not isinstance(ct, torch.Tensor):
+        raise TypeError(f"The vjp of {name_of(f)} returned a {type(ct).__name__} for {label}: a cotangent is a "
+                        "tensor (None for no gradient).")
+    if not differentiable:  # judged later: a cotangent for a constant must be proven zero
+        return ct
+    if ct.shape != x.shape:
+        raise ValueError(f"The vjp of {name_of(f)} returned a cotangent of shape {tuple(ct.shape)} for {label} of "
+                         f"shape {tuple(x.shape)}: a cotangent has its argument's shape.")
+    if ct.is_complex() and not x.is_complex():
+        raise TypeError(f"The vjp of {name_of(f)} returned a complex cotangent ({ct.dtype}) for the real {label} "
+                        f"({x.dtype}).")
+    return ct if ct.dtype == x.dtype else ct.to(x.dtype)
