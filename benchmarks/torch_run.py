@@ -4,8 +4,9 @@ run.
 log1pexp, value + gradient (``backward``) eagerly and under
 ``torch.compile(fullgraph=True)``, and the JVP (``forward_ad``) eagerly, for
 the identity form against ``torch.autograd.Function`` (the anchor; with a
-``jvp`` for forward mode, which then cannot be compiled) and plain autodiff of
-``softplus`` (the floor). Each cell is timed in ``--blocks`` blocks; within a
+``jvp`` for forward mode, which then cannot be compiled), the decorator form
+(its VJP alone; eagerly only, a decorated call being a graph break under
+``torch.compile``) and plain autodiff of ``softplus`` (the floor). Each cell is timed in ``--blocks`` blocks; within a
 block the implementations run round-robin and each block gives a median per
 implementation, so a ratio is the median over blocks with its range, the
 run-to-run noise. Imports PyTorch, never TensorFlow or JAX: a machine with a
@@ -74,11 +75,23 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
     return sgm.custom_gradient(_value(x), torch.sigmoid(x), x)  # type: ignore[return-value]
 
 
+@sgm.custom_gradient
+def _decorated(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    return _value(x), lambda ct: ct * torch.sigmoid(x)
+
+
 IMPLEMENTATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     ANCHOR: _Log1pexp.apply,
     "identity form": _identity,
+    "decorator form": _decorated,
     "plain autodiff (floor)": torch.nn.functional.softplus,
 }
+EAGER_ONLY = frozenset({"decorator form"})  # a graph break under torch.compile(fullgraph=True)
+
+
+def implementations(phase: str) -> list[str]:
+    """The implementations timed in a phase."""
+    return [name for name in IMPLEMENTATIONS if not (phase.startswith("compiled") and name in EAGER_ONLY)]
 
 
 def _value_and_grad(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], object]:
@@ -133,7 +146,7 @@ def block_medians(calls: dict[str, Callable[[], object]], x: torch.Tensor, min_t
 
 def run_cell(n: int, phase: str, blocks: int, min_time: float, device: str) -> list[dict]:
     x = torch.linspace(-20.0, 100.0, n, dtype=torch.float32, device=device)
-    compiled = {name: programs(name, phase) for name in IMPLEMENTATIONS}
+    compiled = {name: programs(name, phase) for name in implementations(phase)}
     calls = {name: (lambda p=p: p(x)) for name, p in compiled.items()}
     for call in calls.values():  # compile and warm up
         call()
@@ -160,7 +173,7 @@ def markdown(rows: list[dict], device: str) -> str:
     for phase in PHASES:
         lines += [f"## {phase}", "", "| implementation | " + " | ".join(f"n = {n:.0e}" for n in sizes) + " |",
                   "|---|" + "---|" * len(sizes)]
-        for name in IMPLEMENTATIONS:
+        for name in implementations(phase):
             cells = [next(f"{r['seconds'] * 1e6:.1f} µs, {r['ratio']:.2f}× [{r['ratio_min']:.2f}–{r['ratio_max']:.2f}]"
                           for r in rows if r["n"] == n and r["phase"] == phase and r["implementation"] == name)
                      for n in sizes]

@@ -88,6 +88,10 @@ def _everything_linear(original):
     return linear
 
 
+def _never_checks(original):
+    return lambda tensors, order, name: None
+
+
 def _no_fence(original):
     return lambda v, watched, order, name: v
 
@@ -203,6 +207,9 @@ MUTANTS = {
     "the PyTorch table takes every vjp for linear": Mutant(
         "stopgrad_math.torch.linear_ops", "judge", _everything_linear,
         ("tests/test_torch_linear_ops.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),
+    "the PyTorch decorator never guards second derivatives under torch.func": Mutant(
+        "stopgrad_math.torch.second_derivative_guard", "check", _never_checks,
+        ("tests/test_torch_decorator_form.py::test_order_1_second_derivatives_raise_naming_order_2",)),
     "a replica context takes grad_fn(1) for J": Mutant(
         "stopgrad_math.tensorflow.routes", "replicated", _never_replicated,
         (f"{_INSIDE_TFP}::test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise",)),

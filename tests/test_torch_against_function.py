@@ -17,6 +17,15 @@ def test_the_identity_is_right_in_every_mode_and_zero_for_the_hessian_by_definit
     assert row == {mode: "0" if mode == "`func.hessian`" else "right" for mode in torch_functions.MODES}
 
 
+def test_the_decorator_has_every_mode_but_compile_and_its_hessian_raises_at_order_1_and_is_right_at_order_2():
+    for mechanism, hessian in [("`stopgrad_math.torch` decorator", "LookupError"),
+                               ("the decorator, `order=2`", "right")]:
+        row = {mode: torch_functions.outcome(mechanism, mode) for mode in torch_functions.MODES}
+        assert row.pop("`func.hessian`") == hessian
+        compiled = {mode: row.pop(mode) for mode in list(row) if mode.startswith("`compile")}
+        assert set(row.values()) == {"right"} and set(compiled.values()) == {"Unsupported"}
+
+
 def test_a_function_as_written_has_no_forward_mode_and_one_with_a_jvp_no_compiled_backward():
     assert torch_functions.outcome("`autograd.Function` as written", "`forward_ad`") == "NotImplementedError"
     assert torch_functions.outcome("with `jvp`", "`compile(fullgraph)`, `backward`") == "Unsupported"

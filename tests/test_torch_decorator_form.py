@@ -314,6 +314,11 @@ def test_order_1_second_derivatives_raise_naming_order_2(way):
         _second(way, _sin_decorated(1), X64)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_order_2_first_derivatives_are_the_vjps_in_every_mode(mode):
+    torch.testing.assert_close(MODES[mode](_sin_decorated(2), X64), torch.cos(X64))
+
+
 def test_order_1_first_derivatives_under_an_outer_transform_that_does_not_differentiate_are_exact():
     got = torch.func.vmap(torch.func.grad(lambda x: torch.exp(_sin_decorated(1)(x))))(X64)
     torch.testing.assert_close(got, torch.exp(torch.sin(X64)) * torch.cos(X64))

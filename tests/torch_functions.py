@@ -72,11 +72,17 @@ def identity(x):
     return sgm.custom_gradient(_value(x), torch.sigmoid(x), x)
 
 
+def _with_vjp(x):  # the decorator's f: the Function's value and rule, the rule written as a VJP alone
+    return _value(x), lambda ct: ct * torch.sigmoid(x)
+
+
 MECHANISMS = {
     "`autograd.Function` as written": AsWritten.apply,
     "with `jvp`": WithJvp.apply,
     "with `jvp`, `setup_context` and a vmap rule": WithVmapRule.apply,
     "`stopgrad_math.torch`": identity,
+    "`stopgrad_math.torch` decorator": sgm.custom_gradient(_with_vjp),
+    "the decorator, `order=2`": sgm.custom_gradient(order=2)(_with_vjp),
 }
 
 

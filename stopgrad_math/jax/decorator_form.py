@@ -28,11 +28,8 @@ the work after f (``_attached``) is compiled once per signature
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-import functools
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -45,24 +42,9 @@ from jax.interpreters import partial_eval as pe
 from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard, vjp_closure
 from stopgrad_math.jax.vjp_conventions import Leaves, argument_cotangents, call_f, is_differentiable, name_of
 from stopgrad_math.shared import arguments as arguments_of
-from stopgrad_math.shared import bounded_cache
+from stopgrad_math.shared import bounded_cache, linearity, nesting
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.shared.linearity import Finding, State
-
-# The order of the embedding whose VJP is being traced, while it is. A VJP may call decorated functions, its own f
-# among them (erfcx' = 2x·erfcx − 2/√π): inside a VJP of order 1 they return their value alone (everything there
-# is stopped, and the recursion ends); inside one of order 2 they embed at order 1, so a recursion is two deep.
-_EVALUATING: contextvars.ContextVar[int | None] = contextvars.ContextVar("vjp_evaluation", default=None)
-
-
-@contextlib.contextmanager
-def _evaluating(order: int) -> Iterator[None]:
-    token = _EVALUATING.set(order)
-    try:
-        yield
-    finally:
-        _EVALUATING.reset(token)
-
+from stopgrad_math.shared.linearity import State
 
 _KEYWORD = ("{label} is a keyword argument of {name}, which the decorator holds constant: its vjp returns "
             "cotangents of the positional arguments alone, so a derivative w.r.t. {label} would be a silent 0. "
@@ -141,7 +123,7 @@ def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, .
     found: list[int] = []
 
     def cotangents(*cts: jax.Array) -> list[jax.Array]:
-        with _evaluating(order):
+        with nesting.evaluating(order):
             result = vjp(outputs.with_values({**fixed, **dict(zip(outputs.differentiable, cts, strict=True))}))
         by_leaf = argument_cotangents(result, args, leaves, names, f)
         found[:] = list(by_leaf)
@@ -149,26 +131,8 @@ def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, .
 
     closed, zeros = _staged(cotangents, avals)
     states = [State.ZERO if j in zeros else state for j, state in enumerate(linear_primitives.judge(closed))]
-    kept = []
-    for k, state in zip(found, states, strict=True):
-        label = leaves.labels[k]
-        if isinstance(state, Finding) and state.unknown:
-            raise ValueError(f"The vjp of {name_of(f)} uses {state.place} on the path to the cotangent for {label}, "
-                             "a primitive stopgrad_math.jax.linear_primitives does not know: its "
-                             "linearity is not proven, so the vjp cannot be embedded (the identity's backward pass is "
-                             "linear). If it is linear, its row belongs in that table.")
-        if isinstance(state, Finding):
-            raise ValueError(f"The vjp of {name_of(f)} is not linear in its cotangent, so it cannot be embedded "
-                             f"(the identity's backward pass is linear): {state}, on the path to the cotangent "
-                             f"for {label}.")
-        if state is State.CONST:
-            raise ValueError(f"The vjp of {name_of(f)} returns a cotangent for {label} that does not depend on the "
-                             "cotangent of y and is not provably zero: an affine map, not a VJP.")
-        if state is State.LINEAR and k not in leaves.differentiable:
-            raise ValueError(f"The vjp of {name_of(f)} returns a cotangent for {label}, which is not differentiable "
-                             f"({getattr(leaves.values[k], 'dtype', type(leaves.values[k]).__name__)}): it would be "
-                             "lost. Return None for it.")
-        kept.append(state is State.LINEAR)
+    kept = [linearity.kept(state, name_of(f), leaves.labels[k], leaves.values[k], k in leaves.differentiable,
+                           "stopgrad_math.jax.linear_primitives") for k, state in zip(found, states, strict=True)]
     return _LinearMap(closed, avals, [k for k, keep in zip(found, kept, strict=True) if keep],
                       [j for j, keep in enumerate(kept) if keep])
 
@@ -389,19 +353,4 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
     on JAX every VJP is traced, so its linearity is always proven.
     """
     arguments_of.check_options(order, check_linearity)
-
-    @functools.wraps(f)
-    def decorated(*args: Any, **kwargs: Any) -> Any:
-        by_keyword = not args and bool(kwargs)
-        args, kwargs = arguments_of.positional(f, args, kwargs)
-        names = arguments_of.names(f, len(args), by_keyword)
-        kwargs = _held_constant(f, kwargs)
-        evaluating = _EVALUATING.get()
-        if evaluating == 1:  # inside a VJP of order 1: everything is stopped, the value is all that is needed
-            return call_f(f, args, kwargs)[0]
-        if evaluating == 2:  # inside a VJP of order 2: its arguments move with x, at first order
-            return _embed(f, args, names, kwargs, order=1, guard=False)
-        return _embed(f, args, names, kwargs, order, guard=True)
-
-    decorated.undecorated = f  # type: ignore[attr-defined]
-    return decorated
+    return nesting.decorated(f, order, _embed, keywords=_held_constant)

@@ -10,13 +10,15 @@ graph's ATen ops) and gives every value one of these states:
   Finding   depends on it through an op that is not linear there (or that
             the namespace's table does not know: not proven)
 
-The VJP is linear where every result is LINEAR or ZERO.
+The VJP is linear where every result is LINEAR or ZERO; ``kept`` says, for
+each cotangent, whether it is embedded, or why the VJP is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 
 class State(enum.Enum):
@@ -47,3 +49,23 @@ Judged = State | Finding
 
 AFFINE = ("adds a term that does not depend on the cotangent and is not provably zero (0·x is not: it is NaN where "
           "x is infinite): an affine map, whose constant a transpose would drop")
+
+
+def kept(state: Judged, name: str, label: str, value: Any, differentiable: bool, table: str) -> bool:
+    """Whether a decorator embeds the cotangent the VJP of ``name`` returns for the argument leaf ``label``, whose
+    state its proof gave: True where it is LINEAR, False where it is ZERO; a ValueError saying why otherwise
+    (``table``: the module of the namespace's table, named where an op is not in it)."""
+    if isinstance(state, Finding) and state.unknown:
+        raise ValueError(f"The vjp of {name} uses {state.place} on the path to the cotangent for {label}, which "
+                         f"{table} does not know: its linearity is not proven, so the vjp cannot be embedded (the "
+                         "identity's backward pass is linear). If it is linear, its row belongs in that table.")
+    if isinstance(state, Finding):
+        raise ValueError(f"The vjp of {name} is not linear in its cotangent, so it cannot be embedded (the "
+                         f"identity's backward pass is linear): {state}, on the path to the cotangent for {label}.")
+    if state is State.CONST:
+        raise ValueError(f"The vjp of {name} returns a cotangent for {label} that does not depend on the cotangent "
+                         "of y and is not provably zero: an affine map, not a VJP.")
+    if state is State.LINEAR and not differentiable:
+        raise ValueError(f"The vjp of {name} returns a cotangent for {label}, which is not differentiable "
+                         f"({getattr(value, 'dtype', type(value).__name__)}): it would be lost. Return None for it.")
+    return state is State.LINEAR

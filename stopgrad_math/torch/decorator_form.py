@@ -28,36 +28,18 @@ arguments, a module's parameters) keeps y's ordinary autodiff.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
 from stopgrad_math.shared import arguments as arguments_of
+from stopgrad_math.shared import linearity, nesting
 from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.shared.linearity import Finding, State
 from stopgrad_math.torch import identity, linear_ops, second_derivative_guard, vjp_closure
 from stopgrad_math.torch.vjp_conventions import Leaves, argument_cotangents, stand_in
-
-# The order of the embedding whose VJP is being evaluated, while it is: decorated calls inside a VJP of order 1
-# return their value alone (everything there is stopped, and a recursion ends); inside one of order 2 they
-# embed at order 1.
-_EVALUATING: contextvars.ContextVar[int | None] = contextvars.ContextVar("vjp_evaluation", default=None)
-
-
-@contextlib.contextmanager
-def _evaluating(order: int) -> Iterator[None]:
-    token = _EVALUATING.set(order)
-    try:
-        yield
-    finally:
-        _EVALUATING.reset(token)
-
 
 # ---------------------------------------------------------------- the VJP, traced and proven linear
 
@@ -82,7 +64,7 @@ class _Cotangents:
 
         def cotangents(*cts: torch.Tensor) -> list[torch.Tensor]:
             outputs = self.outputs
-            with _evaluating(self.order):
+            with nesting.evaluating(self.order):
                 answer = vjp(outputs.with_values({
                     **{k: None for k in range(len(outputs.values)) if k not in outputs.differentiable},
                     **dict(zip(outputs.differentiable, cts, strict=True))}))
@@ -135,28 +117,9 @@ def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[t
     cotangent of y; ValueError naming the op or the leaf where the VJP is not linear."""
     states = _traced(cotangents, vjp, examples).states()
     f, leaves = cotangents.f, cotangents.leaves
-    kept = []
-    for j, (k, state) in enumerate(zip(cotangents.found, states, strict=True)):
-        label = leaves.labels[k]
-        if isinstance(state, Finding) and state.unknown:
-            raise ValueError(f"The vjp of {name_of(f)} uses {state.place} on the path to the cotangent for {label}, "
-                             "an op stopgrad_math.torch.linear_ops does not know: its linearity is not proven, so "
-                             "the vjp cannot be embedded (the identity's backward pass is linear). If it is linear, "
-                             "its row belongs in that table.")
-        if isinstance(state, Finding):
-            raise ValueError(f"The vjp of {name_of(f)} is not linear in its cotangent, so it cannot be embedded "
-                             f"(the identity's backward pass is linear): {state}, on the path to the cotangent "
-                             f"for {label}.")
-        if state is State.CONST:
-            raise ValueError(f"The vjp of {name_of(f)} returns a cotangent for {label} that does not depend on the "
-                             "cotangent of y and is not provably zero: an affine map, not a VJP.")
-        if state is State.LINEAR and k not in leaves.differentiable:
-            raise ValueError(f"The vjp of {name_of(f)} returns a cotangent for {label}, which is not differentiable "
-                             f"({getattr(leaves.values[k], 'dtype', type(leaves.values[k]).__name__)}): it would be "
-                             "lost. Return None for it.")
-        if state is State.LINEAR:
-            kept.append(j)
-    return kept
+    return [j for j, (k, state) in enumerate(zip(cotangents.found, states, strict=True))
+            if linearity.kept(state, name_of(f), leaves.labels[k], leaves.values[k], k in leaves.differentiable,
+                              "stopgrad_math.torch.linear_ops")]
 
 
 # ---------------------------------------------------------------- the embedding
@@ -237,20 +200,7 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
     on PyTorch every VJP is traced, so its linearity is always proven.
     """
     arguments_of.check_options(order, check_linearity)
-
-    @functools.wraps(f)
-    def decorated(*args: Any, **kwargs: Any) -> Any:
-        by_keyword = not args and bool(kwargs)
-        args, kwargs = arguments_of.positional(f, args, kwargs)
-        names = arguments_of.names(f, len(args), by_keyword)
-        evaluating = _EVALUATING.get()
-        if evaluating == 1:  # inside a VJP of order 1: everything is stopped, the value is all that is needed
-            return call_f(f, args, kwargs)[0]
-        if evaluating == 2:  # inside a VJP of order 2: its arguments move with x, at first order
-            return _embed(f, args, names, kwargs, order=1, guard=False)
-        return _embed(f, args, names, kwargs, order, guard=True)
-
-    decorated.undecorated = f  # type: ignore[attr-defined]
+    decorated = nesting.decorated(f, order, _embed)
     # Dynamo does not trace the embedding (make_fx and torch.func's introspection run inside it): under
     # torch.compile a decorated call is a graph break, run eagerly, and fullgraph=True raises, naming it.
     return torch.compiler.disable(decorated)  # type: ignore[no-untyped-call,no-any-return]

@@ -1,0 +1,60 @@
+"""Decorated calls inside a VJP, alike in the JAX and PyTorch namespaces.
+
+A VJP may call decorated functions, its own f among them (erfcx' = 2x·erfcx
+− 2/√π). While a decorator evaluates the VJP of an embedding of order k
+(``evaluating(k)``), a decorated call inside it returns its value alone at
+k = 1 (everything there is stopped, and a recursion ends), and embeds at
+order 1 without a guard at k = 2 (its arguments move with x, at first
+order), so a recursion is two deep. ``decorated`` is the function each
+namespace's decorator returns, on its own ``embed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from stopgrad_math.shared import arguments
+
+_EVALUATING: contextvars.ContextVar[int | None] = contextvars.ContextVar("vjp_evaluation", default=None)
+
+
+@contextlib.contextmanager
+def evaluating(order: int) -> Iterator[None]:
+    """The VJP of an embedding of ``order`` is being evaluated (traced, or applied) within."""
+    token = _EVALUATING.set(order)
+    try:
+        yield
+    finally:
+        _EVALUATING.reset(token)
+
+
+class Embed(Protocol):
+    def __call__(self, f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any],
+                 order: int, guard: bool) -> Any: ...
+
+
+def decorated(f: Callable[..., Any], order: int, embed: Embed,
+              keywords: Callable[[Callable[..., Any], dict[str, Any]], dict[str, Any]] = lambda f, kw: kw,
+              ) -> Callable[..., Any]:
+    """f, decorated: its positional arguments read (``shared.arguments``), its keyword arguments passed through
+    ``keywords``, and each call embedded by ``embed`` at ``order`` (or as a nested call inside a VJP)."""
+
+    @functools.wraps(f)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        by_keyword = not args and bool(kwargs)
+        args, kwargs = arguments.positional(f, args, kwargs)
+        names = arguments.names(f, len(args), by_keyword)
+        kwargs = keywords(f, kwargs)
+        inside = _EVALUATING.get()
+        if inside == 1:
+            return arguments.call_f(f, args, kwargs)[0]
+        if inside == 2:
+            return embed(f, args, names, kwargs, order=1, guard=False)
+        return embed(f, args, names, kwargs, order=order, guard=True)
+
+    call.undecorated = f  # type: ignore[attr-defined]
+    return call
