@@ -127,6 +127,13 @@ def test_a_term_that_does_not_depend_on_the_cotangent_is_const_and_zeros_are_zer
     assert graph.states() == [State.CONST, State.ZERO, State.ZERO, State.ZERO]  # ct·0: the zero map
 
 
+def test_an_op_that_reads_only_the_cotangents_shape_does_not_depend_on_it():
+    graph = linear_ops.trace(lambda ct: [ct.new_zeros(4), torch.zeros_like(ct), torch.ones_like(ct),
+                                         ct.new_full((4,), 2.0)], torch.zeros(4))
+    assert graph(torch.ones(4))[2].sum() == 4  # the truth: the ones are a constant, not a map of ct
+    assert graph.states() == [State.ZERO, State.ZERO, State.CONST, State.CONST]
+
+
 def test_a_finding_reaches_every_output_it_feeds_and_only_those():
     graph = linear_ops.trace(lambda ct: [ct.abs() * S, ct * S, ct.abs().sum() + ct], torch.zeros(4))
     first, second, third = graph.states()

@@ -186,8 +186,10 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     examples = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in outputs.tensors()]
     kept = _proven(cotangents, vjp, examples)
     xs = [leaves.values[cotangents.found[j]] for j in kept]
-    if not xs:
-        return y
+    if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
+        zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0 for x in leaves.tensors()),
+                   torch.zeros(()))
+        return outputs.with_values({k: identity.attach(outputs.values[k], [zero]) for k in outputs.differentiable})
     if guard and order == 1:
         xs = [second_derivative_guard.hooked(x, name) for x in xs]
     return _attached(cotangents.of(vjp, kept), outputs, xs, examples, order)

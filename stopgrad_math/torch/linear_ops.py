@@ -174,9 +174,12 @@ RULES: dict[str, _Rule] = {
                        "custom_gradient(fx, gx, x) called on the cotangent)"),
 }
 
-# Ops that make zeros from no cotangent: ZERO where their fill is 0.
+# Ops that make zeros: ZERO where their fill is 0. Those that read a tensor's dtype, shape and device alone (``like``
+# and ``new_``) do not depend on its values, the cotangent's included: they are constants, zeros where they fill 0.
 _ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})
 _FILLS = {"full": 1, "full_like": 1, "new_full": 2, "fill": 1, "scalar_tensor": 0}  # the fill's argument
+_METADATA = frozenset({"zeros_like", "new_zeros", "ones_like", "new_ones", "full_like", "new_full", "empty_like",
+                       "new_empty", "rand_like", "randn_like"})
 
 
 # ---------------------------------------------------------------- the walk
@@ -222,7 +225,7 @@ class _Walk:
         name = _name(node.target)
         if found is not None:
             return found
-        if not _carries(flat):
+        if not _carries(flat) or name in _METADATA:
             return _constant(name, arguments, operands)
         rule = RULES.get(name)
         if rule is None:
