@@ -5,9 +5,9 @@ log1pexp, value + gradient (``backward``) eagerly and under
 ``torch.compile(fullgraph=True)``, and the JVP (``forward_ad``) eagerly, for
 the identity form against ``torch.autograd.Function`` (the anchor; with a
 ``jvp`` for forward mode, which then cannot be compiled), the decorator form
-(its VJP alone; eagerly only, a decorated call being a graph break under
-``torch.compile``) and plain autodiff of ``softplus`` (the floor). Each cell is timed in ``--blocks`` blocks; within a
-block the implementations run round-robin and each block gives a median per
+(its VJP alone; compiled, its proof made once, as Dynamo traces it) and plain
+autodiff of ``softplus`` (the floor). Each cell is timed in ``--blocks``
+blocks; within a block the implementations run round-robin and each block gives a median per
 implementation, so a ratio is the median over blocks with its range, the
 run-to-run noise. Imports PyTorch, never TensorFlow or JAX: a machine with a
 CUDA build runs it on its GPU (``results/latest-torch-gpu.md``); elsewhere
@@ -86,14 +86,6 @@ IMPLEMENTATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "decorator form": _decorated,
     "plain autodiff (floor)": torch.nn.functional.softplus,
 }
-EAGER_ONLY = frozenset({"decorator form"})  # a graph break under torch.compile(fullgraph=True)
-
-
-def implementations(phase: str) -> list[str]:
-    """The implementations timed in a phase."""
-    return [name for name in IMPLEMENTATIONS if not (phase.startswith("compiled") and name in EAGER_ONLY)]
-
-
 def _value_and_grad(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], object]:
     def run(x: torch.Tensor) -> object:
         x = x.detach().requires_grad_(True)
@@ -146,7 +138,7 @@ def block_medians(calls: dict[str, Callable[[], object]], x: torch.Tensor, min_t
 
 def run_cell(n: int, phase: str, blocks: int, min_time: float, device: str) -> list[dict]:
     x = torch.linspace(-20.0, 100.0, n, dtype=torch.float32, device=device)
-    compiled = {name: programs(name, phase) for name in implementations(phase)}
+    compiled = {name: programs(name, phase) for name in IMPLEMENTATIONS}
     calls = {name: (lambda p=p: p(x)) for name, p in compiled.items()}
     for call in calls.values():  # compile and warm up
         call()
@@ -173,7 +165,7 @@ def markdown(rows: list[dict], device: str) -> str:
     for phase in PHASES:
         lines += [f"## {phase}", "", "| implementation | " + " | ".join(f"n = {n:.0e}" for n in sizes) + " |",
                   "|---|" + "---|" * len(sizes)]
-        for name in implementations(phase):
+        for name in IMPLEMENTATIONS:
             cells = [next(f"{r['seconds'] * 1e6:.1f} µs, {r['ratio']:.2f}× [{r['ratio_min']:.2f}–{r['ratio_max']:.2f}]"
                           for r in rows if r["n"] == n and r["phase"] == phase and r["implementation"] == name)
                      for n in sizes]

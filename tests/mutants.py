@@ -92,6 +92,11 @@ def _never_checks(original):
     return lambda tensors, order, name: None
 
 
+def _proves_nothing_while_compiling(original):
+    """Every differentiable argument leaf taken for linear under torch.compile, unproven."""
+    return lambda f, leaves, kwargs, outputs, names, order: list(leaves.differentiable)
+
+
 def _no_fence(original):
     return lambda v, watched, order, name: v
 
@@ -210,6 +215,9 @@ MUTANTS = {
     "the PyTorch decorator never guards second derivatives under torch.func": Mutant(
         "stopgrad_math.torch.second_derivative_guard", "check", _never_checks,
         ("tests/test_torch_decorator_form.py::test_order_1_second_derivatives_raise_naming_order_2",)),
+    "the PyTorch decorator proves nothing under torch.compile": Mutant(
+        "stopgrad_math.torch.decorator_form", "_proven_while_compiling", _proves_nothing_while_compiling,
+        ("tests/test_torch_decorator_compiled.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),
     "a replica context takes grad_fn(1) for J": Mutant(
         "stopgrad_math.tensorflow.routes", "replicated", _never_replicated,
         (f"{_INSIDE_TFP}::test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise",)),

@@ -7,7 +7,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch_functions  # noqa: E402
-from packaging.version import Version  # noqa: E402
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "torch.md"
 
@@ -17,13 +16,12 @@ def test_the_identity_is_right_in_every_mode_and_zero_for_the_hessian_by_definit
     assert row == {mode: "0" if mode == "`func.hessian`" else "right" for mode in torch_functions.MODES}
 
 
-def test_the_decorator_has_every_mode_but_compile_and_its_hessian_raises_at_order_1_and_is_right_at_order_2():
+def test_the_decorator_has_every_mode_and_its_hessian_raises_at_order_1_and_is_right_at_order_2():
     for mechanism, hessian in [("`stopgrad_math.torch` decorator", "LookupError"),
                                ("the decorator, `order=2`", "right")]:
         row = {mode: torch_functions.outcome(mechanism, mode) for mode in torch_functions.MODES}
         assert row.pop("`func.hessian`") == hessian
-        compiled = {mode: row.pop(mode) for mode in list(row) if mode.startswith("`compile")}
-        assert set(row.values()) == {"right"} and set(compiled.values()) == {"Unsupported"}
+        assert set(row.values()) == {"right"}
 
 
 def test_a_function_as_written_has_no_forward_mode_and_one_with_a_jvp_no_compiled_backward():
@@ -31,7 +29,5 @@ def test_a_function_as_written_has_no_forward_mode_and_one_with_a_jvp_no_compile
     assert torch_functions.outcome("with `jvp`", "`compile(fullgraph)`, `backward`") == "Unsupported"
 
 
-@pytest.mark.skipif(Version(torch.__version__.split("+")[0]) < Version("2.13"),
-                    reason="the docs show torch 2.13's table (torch 2.5 differs in one cell, which the docs say)")
-def test_the_docs_table_is_what_torch_does():
+def test_the_docs_table_is_what_torch_does():  # on the oldest and the newest torch alike
     assert torch_functions.table() in DOCS.read_text()

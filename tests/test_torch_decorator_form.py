@@ -1,5 +1,6 @@
 """@stopgrad_math.torch.custom_gradient (the decorator form) in every PyTorch mode, against independent truths:
-analytic derivatives, PyTorch's autodiff of the closed form, and its autodiff of stable formulas."""
+analytic derivatives, PyTorch's autodiff of the closed form, and its autodiff of stable formulas. Under
+torch.compile: test_torch_decorator_compiled.py, and here where a test's body is the same (CALLS)."""
 
 import math
 
@@ -41,20 +42,6 @@ def test_an_autograd_function_with_a_backward_alone_has_no_forward_mode_where_th
     with pytest.raises(NotImplementedError):
         MODES["forward_ad"](Log1pexp.apply, X)
     torch.testing.assert_close(MODES["forward_ad"](log1pexp, X), torch.sigmoid(X))
-
-
-@pytest.mark.parametrize("fullgraph", [False, True])
-def test_under_torch_compile_a_decorated_call_is_a_graph_break_run_eagerly(fullgraph):
-    """A documented limit: Dynamo does not trace the embedding, so fullgraph=True raises, naming the function."""
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda x: log1pexp(x) * 2.0, fullgraph=fullgraph)
-    x = X.clone().requires_grad_(True)
-    if fullgraph:
-        with pytest.raises(Exception, match="disable"):  # torch.compiler.disable, or torch._dynamo.disable in 2.5
-            compiled(x)
-        return
-    compiled(x).sum().backward()
-    torch.testing.assert_close(x.grad, 2.0 * torch.sigmoid(X))
 
 
 @pytest.mark.parametrize("wrap", ["plain", "forward_ad", "func.vmap", "func.jvp"])
@@ -162,7 +149,11 @@ def test_an_integer_output_passes_through():
     assert int(index) == 1 and x.grad.tolist() == [2.0, 2.0, 2.0]
 
 
-def test_module_parameters_and_keyword_arguments_read_inside_f_get_ordinary_autodiff():
+CALLS = {"eager": lambda fn: fn, "compile(fullgraph)": lambda fn: torch.compile(fn, fullgraph=True)}
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_module_parameters_and_keyword_arguments_read_inside_f_get_ordinary_autodiff(call):
     """The VJP gives the cotangents of the positional arguments alone; what else f reads (a module's weights, a
     keyword argument) is differentiated by PyTorch's autodiff of y, as anything f closes over."""
     torch.manual_seed(0)
@@ -175,7 +166,7 @@ def test_module_parameters_and_keyword_arguments_read_inside_f_get_ordinary_auto
 
     x = torch.tensor([0.3, -0.8, 1.1], dtype=torch.float64, requires_grad=True)
     scale = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
-    f(x, scale=scale).sum().backward()
+    CALLS[call](lambda x, scale: f(x, scale=scale).sum())(x, scale).backward()
     ours = [x.grad, scale.grad, layer.weight.grad, layer.bias.grad]
     for t in (x, scale, layer.weight, layer.bias):
         t.grad = None
@@ -184,16 +175,17 @@ def test_module_parameters_and_keyword_arguments_read_inside_f_get_ordinary_auto
         torch.testing.assert_close(got, truth)
 
 
-def test_a_module_trained_with_an_optimizer_follows_the_closed_forms_training():
+@pytest.mark.parametrize("call", CALLS)
+def test_a_module_trained_with_an_optimizer_follows_the_closed_forms_training(call):
     def train(activation):
         torch.manual_seed(1)
         model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Linear(8, 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         inputs, targets = torch.randn(32, 2), torch.randn(32, 1)
+        loss_of = CALLS[call](lambda: ((model[1](activation(model[0](inputs))) - targets) ** 2).mean())
         for _ in range(20):
             optimizer.zero_grad()
-            hidden = activation(model[0](inputs))
-            loss = ((model[1](hidden) - targets) ** 2).mean()
+            loss = loss_of()
             loss.backward()
             optimizer.step()
         return loss.detach(), [p.detach() for p in model.parameters()]

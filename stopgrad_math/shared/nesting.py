@@ -11,25 +11,43 @@ namespace's decorator returns, on its own ``embed``.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable
+from types import TracebackType
 from typing import Any, Protocol
 
 from stopgrad_math.shared import arguments
 
-_EVALUATING: contextvars.ContextVar[int | None] = contextvars.ContextVar("vjp_evaluation", default=None)
+
+class _Evaluations(threading.local):
+    """The orders being evaluated, innermost last, per thread: a list on a threading.local rather than a ContextVar
+    or a generator context manager, since Dynamo (torch.compile) traces reading and changing it, and neither of
+    those."""
+
+    def __init__(self) -> None:
+        self.orders: list[int] = []
 
 
-@contextlib.contextmanager
-def evaluating(order: int) -> Iterator[None]:
+_EVALUATIONS = _Evaluations()
+
+
+def _evaluations() -> list[int]:
+    return _EVALUATIONS.orders
+
+
+class evaluating:  # a context manager, named as the contextlib ones are
     """The VJP of an embedding of ``order`` is being evaluated (traced, or applied) within."""
-    token = _EVALUATING.set(order)
-    try:
-        yield
-    finally:
-        _EVALUATING.reset(token)
+
+    def __init__(self, order: int):
+        self.order = order
+
+    def __enter__(self) -> None:
+        _evaluations().append(self.order)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        _evaluations().pop()
 
 
 class Embed(Protocol):
@@ -45,11 +63,12 @@ def decorated(f: Callable[..., Any], order: int, embed: Embed,
 
     @functools.wraps(f)
     def call(*args: Any, **kwargs: Any) -> Any:
-        by_keyword = not args and bool(kwargs)
+        by_keyword = len(args) == 0 and len(kwargs) > 0  # (Dynamo traces no `not` of a tuple)
         args, kwargs = arguments.positional(f, args, kwargs)
         names = arguments.names(f, len(args), by_keyword)
         kwargs = keywords(f, kwargs)
-        inside = _EVALUATING.get()
+        orders = _evaluations()
+        inside = orders[-1] if len(orders) > 0 else None
         if inside == 1:
             return arguments.call_f(f, args, kwargs)[0]
         if inside == 2:

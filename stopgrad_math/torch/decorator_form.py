@@ -24,6 +24,11 @@ where PyTorch shows it. At ``order=2`` f runs at the midpoint
 speed, which makes J·v exact to second order; y is computed at stop(x) by a
 second call. What f reads other than its positional arguments (keyword
 arguments, a module's parameters) keeps y's ordinary autodiff.
+
+Under ``torch.compile`` Dynamo traces all of this into one graph, but the
+VJP it holds is its own variable, which make_fx cannot trace again: there
+the proof is a constant of the graph, made as Dynamo traces the call by
+tracing f and its VJP anew on fake tensors (``_proven_while_compiling``).
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from typing import Any
 
 import torch
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.shared import linearity, nesting
 from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
+from stopgrad_math.shared.linearity import Judged
 from stopgrad_math.torch import identity, linear_ops, second_derivative_guard, vjp_closure
 from stopgrad_math.torch.vjp_conventions import Leaves, argument_cotangents, stand_in
 
@@ -59,7 +66,7 @@ class _Cotangents:
         return lambda: _Cotangents(self.f, self.names, leaves(), outputs(), self.order)
 
     def of(self, vjp: Callable[[Any], Any], kept: list[int] | None = None) -> Callable[..., list[torch.Tensor]]:
-        """``vjp`` read leaf by leaf; ``kept``: the positions (in ``found``) to return, by default all."""
+        """``vjp`` read leaf by leaf; ``kept``: the argument leaves (by index) to return, by default all found."""
         args = tuple(self.leaves.with_values({}))
 
         def cotangents(*cts: torch.Tensor) -> list[torch.Tensor]:
@@ -70,8 +77,7 @@ class _Cotangents:
                     **dict(zip(outputs.differentiable, cts, strict=True))}))
             by_leaf = argument_cotangents(answer, args, self.leaves, self.names, self.f)
             self.found = list(by_leaf)
-            values = list(by_leaf.values())
-            return values if kept is None else [values[j] for j in kept]
+            return list(by_leaf.values()) if kept is None else [by_leaf[k] for k in kept]
 
         return cotangents
 
@@ -102,24 +108,93 @@ def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[t
         except (ValueError, TypeError, LookupError):
             raise
         except Exception as error:  # what make_fx raises on a value read or a wrapped tensor
-            raise ValueError(
-                f"The vjp of {name} cannot be traced under torch.func ({type(error).__name__}: "
-                f"{str(error).splitlines()[0] if str(error) else ''}). Under a transform the decorator traces it "
-                "by shapes alone, with the tensors it closes over lifted out: it may not read a tensor's value in "
-                "Python (write the choice with torch.where), nor a tensor held by an object or a global (close "
-                "over the tensor itself).") from error
+            raise _untraceable(cotangents.f, error, "under torch.func") from error
     cotangents.found = described.found
     return traced
 
 
-def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor]) -> list[int]:
-    """The positions (in ``cotangents.found``) of the argument leaves whose cotangent is linear in the
-    cotangent of y; ValueError naming the op or the leaf where the VJP is not linear."""
-    states = _traced(cotangents, vjp, examples).states()
+def _untraceable(f: Callable[..., Any], error: Exception, where: str) -> ValueError:
+    """What make_fx raised on a VJP traced by shapes alone (a value read, a wrapped tensor), said as what to change:
+    ``where`` is "under torch.func", where the tensors the VJP closes over are lifted out, or "under torch.compile"."""
+    advice = "it may not read a tensor's value in Python (write the choice with torch.where)"
+    if where == "under torch.func":
+        advice += (", nor a tensor held by an object or a global (close over the tensor itself), since the tensors "
+                   "it closes over are lifted out")
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return ValueError(f"The vjp of {name_of(f)} cannot be traced {where} ({type(error).__name__}: {first_line}). "
+                      f"There the decorator traces it by shapes alone: {advice}.")
+
+
+def _proven_states(cotangents: _Cotangents, states: list[Judged]) -> list[int]:
+    """The argument leaves (by index) whose cotangent is linear in the cotangent of y, from the states of the
+    traced VJP's outputs; ValueError naming the op or the leaf where it is not linear."""
     f, leaves = cotangents.f, cotangents.leaves
-    return [j for j, (k, state) in enumerate(zip(cotangents.found, states, strict=True))
+    return [k for k, state in zip(cotangents.found, states, strict=True)
             if linearity.kept(state, name_of(f), leaves.labels[k], leaves.values[k], k in leaves.differentiable,
                               "stopgrad_math.torch.linear_ops")]
+
+
+def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor]) -> list[int]:
+    """``_proven_states`` of the VJP traced as ``_traced`` does."""
+    return _proven_states(cotangents, _traced(cotangents, vjp, examples).states())
+
+
+def _shape_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
+    """What a stand-in is made of, under Dynamo: each a constant of the graph. A dynamic size is specialized (a
+    range's length is one Dynamo must know), so the proof is for this shape, and another recompiles and proves."""
+    return tuple(len(range(n)) for n in tensor.shape), tensor.dtype, tensor.device
+
+
+def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], outputs: Leaves,
+                            names: list[str], order: int) -> list[int]:
+    """``_proven`` where Dynamo traces the call. The VJP there is Dynamo's variable, not a function make_fx can
+    trace again, so ``_stopgrad_math_proof`` traces f and its VJP anew, on fake tensors of the arguments' shapes:
+    a constant of the graph to Dynamo, made as it traces, and again when it recompiles for another f, shape or
+    dtype. What it is given must be constants to Dynamo: the nest ``(args, kwargs)`` with every leaf None, then
+    each tensor leaf as (shape, dtype, device) and each other leaf as itself, one argument apiece (an object or a
+    module is taken as it is there, guarded by its identity, and not inside a tuple)."""
+    nest = (leaves.with_values({}), kwargs)
+    flat = pytree.tree_leaves(nest)
+    skeleton = pytree.tree_map(lambda v: None, nest)
+    tensors = tuple(k for k, v in enumerate(flat) if isinstance(v, torch.Tensor))
+    order = 1 if order == 1 else 2  # a constant: with dynamic=True Dynamo takes a closed-over int for an input
+    return list(_stopgrad_math_proof(f, tuple(names), order, skeleton, tensors,
+                                     tuple(_shape_of(t) for t in outputs.tensors()),
+                                     *[_shape_of(v) if isinstance(v, torch.Tensor) else v for v in flat]))
+
+
+@torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
+def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any,
+                         tensors: tuple[int, ...], cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
+    """The argument leaves whose cotangent is linear (``_proven_states``), from f and its VJP traced together on
+    fake tensors: f's own ops read no cotangent, so only the VJP's are judged. ``skeleton``: the nest
+    ``(args, kwargs)``, ``flat`` its leaves, those at ``tensors`` as (shape, dtype, device); ``cotangents``: (shape,
+    dtype, device) of y's differentiable leaves. Its name is Dynamo's for the constant it keeps in the globals of
+    the compiled function (torch 2.6 to 2.13), where it should meet nothing of the user's."""
+    structure = pytree.tree_structure(skeleton)
+    count = len(cotangents)
+    read: list[_Cotangents] = []
+
+    def vjp_of_f(*values: torch.Tensor) -> list[torch.Tensor]:
+        given = dict(zip(tensors, values[count:], strict=True))
+        args, kwargs = pytree.tree_unflatten([given.get(k, v) for k, v in enumerate(flat)], structure)
+        with nesting.evaluating(1):  # a decorated call in f gives its value alone: only the VJP's ops are judged
+            y, vjp = call_f(f, args, kwargs)
+        read.append(_Cotangents(f, list(names), Leaves.of_arguments(args, list(names)), Leaves.of(y, "y"), order))
+        return read[-1].of(vjp)(*values[:count])
+
+    try:
+        # Traced apart from Dynamo's own trace: outside the torch.func transforms it may be tracing, and with no
+        # tracing context, whose fake mode (dynamic shapes, no real tensor allowed) make_fx would take up.
+        with temporarily_clear_interpreter_stack(), torch._guards.tracing(None):
+            examples = [torch.empty(shape, dtype=dtype, device=device)
+                        for shape, dtype, device in [*cotangents, *(flat[k] for k in tensors)]]
+            traced = linear_ops.trace(vjp_of_f, *examples, cotangents=count, fake=True)
+    except (ValueError, TypeError, LookupError):
+        raise
+    except Exception as error:
+        raise _untraceable(f, error, "under torch.compile") from error
+    return tuple(_proven_states(read[-1], traced.states()))
 
 
 # ---------------------------------------------------------------- the embedding
@@ -134,7 +209,11 @@ def _one_element(outputs: Leaves, xs: list[torch.Tensor]) -> bool:
 
 
 def _stopped_closure(vjp: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """The VJP over stopped copies of the tensors it closes over (order 1: J constant), where it can be opened."""
+    """The VJP over stopped copies of the tensors it closes over (order 1: J constant), where it can be opened.
+    Not under torch.compile, where Dynamo cannot open a function; nor need it, since a compiled graph is never
+    differentiated twice (AOTAutograd refuses a double backward)."""
+    if torch.compiler.is_compiling():
+        return vjp
     lifted = vjp_closure.lifted(vjp)
     return vjp if lifted is None else lifted.rebuild([identity.stop(t) for t in lifted.tensors])
 
@@ -180,12 +259,16 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     outputs = Leaves.of(y, "y")
     if not outputs.differentiable:
         return y
-    if guard:
+    compiling = torch.compiler.is_compiling()
+    if guard and not compiling:
         second_derivative_guard.check([*leaves.tensors(), *outputs.tensors()], order, name)
     cotangents = _Cotangents(f, names, leaves, outputs, order)
     examples = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in outputs.tensors()]
-    kept = _proven(cotangents, vjp, examples)
-    xs = [leaves.values[cotangents.found[j]] for j in kept]
+    if compiling:
+        kept = _proven_while_compiling(f, leaves, kwargs, outputs, names, order)
+    else:
+        kept = _proven(cotangents, vjp, examples)
+    xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0 for x in leaves.tensors()),
                    torch.zeros(()))
@@ -202,7 +285,4 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
     on PyTorch every VJP is traced, so its linearity is always proven.
     """
     arguments_of.check_options(order, check_linearity)
-    decorated = nesting.decorated(f, order, _embed)
-    # Dynamo does not trace the embedding (make_fx and torch.func's introspection run inside it): under
-    # torch.compile a decorated call is a graph break, run eagerly, and fullgraph=True raises, naming it.
-    return torch.compiler.disable(decorated)  # type: ignore[no-untyped-call,no-any-return]
+    return nesting.decorated(f, order, _embed)

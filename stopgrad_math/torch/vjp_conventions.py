@@ -46,7 +46,8 @@ class Leaves:
         """``label``: a leaf's path to its label; by default ``prefix`` and the path."""
         pairs, structure = pytree.tree_flatten_with_path(tree)
         values = [v for _, v in pairs]
-        label = label or (lambda path: f"{prefix}{pytree.keystr(path)}")
+        if label is None:  # (not `label or`: Dynamo may take a function's truth for control flow)
+            label = lambda path: f"{prefix}{pytree.keystr(path)}"  # noqa: E731
         return cls([label(p) for p, _ in pairs], values, structure,
                    [k for k, v in enumerate(values) if is_differentiable(v)])
 

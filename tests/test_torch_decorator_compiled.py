@@ -1,0 +1,208 @@
+"""@stopgrad_math.torch.custom_gradient under torch.compile(fullgraph=True): Dynamo traces the embedding, and the
+VJP's linearity is proven once per compilation, as Dynamo traces the call. Each against an independent truth
+(analytic derivatives, PyTorch's autodiff of the closed form or of a stable formula). A module's parameters read
+inside f, and a training loop, compiled: test_torch_decorator_form.py (CALLS)."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from packaging.version import Version  # noqa: E402
+from torch_modes import COMPILED_MODES, bits  # noqa: E402
+
+import stopgrad_math.torch as sgm  # noqa: E402
+
+X = torch.tensor([-1.0, 0.0, 2.0, 100.0])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()  # each test compiles anew (and proves anew): nothing carried over from another test
+
+
+def compiled(fn, **options):
+    return torch.compile(fn, fullgraph=True, **options)
+
+
+@sgm.custom_gradient
+def log1pexp(x):
+    e = torch.exp(x)
+    return torch.logaddexp(x, torch.zeros((), dtype=x.dtype)), lambda ct: ct * (1 - 1 / (1 + e))
+
+
+def _refusal(error):
+    """Dynamo raises its own InternalTorchDynamoError (a RuntimeError) for an exception raised as it traces, with
+    the message of ours and ours as its context: ours, found there."""
+    while not isinstance(error, ValueError) and error.__context__ is not None:
+        error = error.__context__
+    return error
+
+
+@pytest.mark.parametrize("mode", COMPILED_MODES)
+def test_log1pexp_has_the_vjps_derivative_with_no_graph_break(mode):
+    torch.testing.assert_close(COMPILED_MODES[mode](log1pexp, X), torch.sigmoid(X), rtol=1e-6, atol=0)
+
+
+def test_the_value_is_the_compiled_y_bit_for_bit():
+    @sgm.custom_gradient
+    def f(x):
+        y = torch.stack([x * -1.0, torch.exp(x), x / 0.0])  # −0.0, inf and NaN among the values
+        return y, lambda ct: ct[0] * -1.0 + ct[1] * torch.exp(x)
+
+    x = torch.tensor([0.0, 1.5, -2.0, 800.0], requires_grad=True)
+    np.testing.assert_array_equal(bits(compiled(f)(x).detach()), bits(compiled(lambda x: f.undecorated(x)[0])(x)))
+
+
+def test_a_full_jacobian_row_by_row_against_autodiff_of_the_closed_form():
+    a = torch.tensor([[1.0, -2.0, 0.5], [0.3, 0.7, -1.1]], dtype=torch.float64)
+
+    @sgm.custom_gradient
+    def tanh_of_a_map(x):
+        y = torch.tanh(a @ x)
+        return y, lambda ct: a.T @ (ct * (1 - y**2))
+
+    x = torch.tensor([0.3, -0.8, 1.1], dtype=torch.float64, requires_grad=True)
+    y = compiled(tanh_of_a_map)(x)
+    rows = torch.stack([torch.autograd.grad(y, x, row, retain_graph=True)[0] for row in torch.eye(2).double()])
+    torch.testing.assert_close(rows, torch.func.jacrev(lambda x: torch.tanh(a @ x))(x))
+
+
+def test_nests_integer_arguments_and_outputs_and_constants_passed_through():
+    @sgm.custom_gradient
+    def f(p, k, label):
+        assert label == "scale"
+        a, b = p["a"], p["b"]
+        y = (a * b * k, {"sum": a + b}, torch.argmax(a))
+        return y, lambda ct: ({"a": ct[0] * b * k + ct[1]["sum"], "b": ct[0] * a * k + ct[1]["sum"]}, None, None)
+
+    a = torch.tensor([1.0, 2.0], requires_grad=True)
+    b = torch.tensor([3.0, -1.0], requires_grad=True)
+    k = torch.tensor([2, 3])
+
+    def total(a, b):
+        product, sums, index = f({"a": a, "b": b}, k, "scale")
+        return (product * 2.0 + sums["sum"]).sum(), index
+
+    loss, index = compiled(total)(a, b)
+    loss.backward()
+    assert int(index) == 1
+    torch.testing.assert_close(a.grad, 2.0 * b.detach() * k + 1.0)
+    torch.testing.assert_close(b.grad, 2.0 * a.detach() * k + 1.0)
+
+
+def test_a_module_and_an_object_passed_as_arguments_pass_through_from_torch_2_13():
+    """Non-tensor arguments reach the proof as themselves (Dynamo guards them by identity): a module, and the self
+    of a decorated method. Documented limits: torch 2.6's Dynamo hands over no module or object (it raises, saying
+    it is not a constant; close over it instead), and an object made inside the compiled function is, to the
+    proof, Dynamo's stand-in for it, whose attributes are not set yet (the proof raises, naming the attribute)."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+
+    @sgm.custom_gradient
+    def f(x, module):
+        return module(x), lambda ct: (ct @ module.weight, None)
+
+    class Scaler:
+        def __init__(self, scale):
+            self.scale = scale
+
+        @sgm.custom_gradient
+        def __call__(self, x):
+            return x * self.scale, lambda ct: (None, ct * self.scale)
+
+    x = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    scaler = Scaler(3.0)
+    if Version(torch.__version__.split("+")[0]) < Version("2.13"):
+        for fn in (lambda x: f(x, layer).sum(), lambda x: scaler(x).sum()):
+            with pytest.raises(Exception, match="is not a constant"):
+                compiled(fn)(x)
+        return
+    compiled(lambda x: f(x, layer).sum() + scaler(x).sum())(x).backward()
+    torch.testing.assert_close(x.grad, layer.weight.detach().sum(0) + 3.0)
+    with pytest.raises(Exception, match="has no attribute 'scale'"):
+        compiled(lambda x: Scaler(3.0)(x).sum())(x)
+
+
+def test_a_vjp_that_is_not_linear_is_refused_naming_the_op():
+    @sgm.custom_gradient
+    def f(x):
+        return x * x, lambda ct: (ct * x).clamp(-1.0, 1.0)
+
+    with pytest.raises(Exception) as raised:
+        compiled(f)(X.clone().requires_grad_(True))
+    assert isinstance(_refusal(raised.value), ValueError)
+    assert "clamp" in str(raised.value) and "cotangent for args[0]" in str(raised.value)
+
+
+def test_a_vjp_that_reads_a_value_in_python_is_refused_naming_why():
+    @sgm.custom_gradient
+    def f(x):
+        return x * 2.0, lambda ct: ct * 2.0 if bool(x.sum() > 0) else ct * 3.0
+
+    with pytest.raises(Exception, match=r"cannot be traced under torch\.compile.*may not read a tensor's value"):
+        compiled(f)(torch.tensor([1.0, 2.0], requires_grad=True))
+
+
+def test_the_proof_is_made_again_for_another_shape():
+    """A VJP linear at one shape and not at another: a proof kept across shapes would embed the second."""
+    @sgm.custom_gradient
+    def f(x):
+        return x * 2.0, lambda ct: ct * 2.0 if ct.shape[0] < 3 else (ct * 2.0).abs()
+
+    fn = compiled(f)
+    fn(torch.ones(2, requires_grad=True)).sum().backward()
+    with pytest.raises(Exception, match=r"\babs\b"):
+        fn(torch.ones(3, requires_grad=True))
+
+
+def test_dynamic_shapes_are_specialized_so_each_shape_is_proven():
+    fn = compiled(log1pexp, dynamic=True)
+    for n in (3, 5):
+        x = torch.linspace(-3.0, 3.0, n, requires_grad=True)
+        fn(x).sum().backward()
+        torch.testing.assert_close(x.grad, torch.sigmoid(x.detach()))
+
+
+def test_order_2_first_derivatives_are_the_vjps():
+    @sgm.custom_gradient(order=2)
+    def f(x):
+        return torch.exp(torch.sin(x)), lambda ct: ct * torch.exp(torch.sin(x)) * torch.cos(x)
+
+    x = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64, requires_grad=True)
+    compiled(f)(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.exp(torch.sin(x.detach())) * torch.cos(x.detach()))
+
+
+def test_second_derivatives_through_a_compiled_call_are_refused_by_pytorch_a_documented_limit():
+    """AOTAutograd does not differentiate a compiled backward again, with or without the decorator: the error is
+    PyTorch's, never a wrong number."""
+    x = torch.tensor([0.3, -1.2], dtype=torch.float64, requires_grad=True)
+    for fn in (lambda x: torch.exp(torch.sin(x)), lambda x: log1pexp(torch.sin(x))):
+        (first,) = torch.autograd.grad(compiled(fn)(x).sum(), x, create_graph=True)
+        with pytest.raises(RuntimeError, match="double backward"):
+            torch.autograd.grad(first.sum(), x)
+
+
+def test_a_vjp_that_calls_its_own_f_terminates_and_is_exact():
+    two_over_root_pi = 2.0 / math.sqrt(math.pi)
+
+    @sgm.custom_gradient
+    def erfcx(x):  # erfcx'(x) = 2x·erfcx(x) − 2/√π
+        return torch.special.erfcx(x), lambda ct: ct * (2.0 * x * erfcx(x) - two_over_root_pi)
+
+    x = torch.tensor([-0.5, 0.0, 1.5, 30.0], dtype=torch.float64, requires_grad=True)
+    compiled(erfcx)(x).sum().backward()
+    xd = x.detach()
+    torch.testing.assert_close(x.grad, 2.0 * xd * torch.special.erfcx(xd) - two_over_root_pi)
+
+
+def test_a_one_element_y_keeps_an_infinite_derivative():
+    @sgm.custom_gradient
+    def f(x):
+        return torch.sqrt(x).sum(), lambda ct: ct * 0.5 / torch.sqrt(x)
+
+    x = torch.tensor([0.0, 4.0], requires_grad=True)
+    compiled(f)(x).backward()
+    assert x.grad.tolist() == [math.inf, 0.25]
