@@ -23,7 +23,7 @@ $(VENV)/.installed-demo: $(BIN)/python $(DEPS)
 
 $(VENV)/.installed-test: $(BIN)/python $(DEPS)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[tf,jax,torch,pyro,test,notebooks,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[tf,jax,torch,keras,pyro,test,notebooks,docs]"
 	touch $@
 
 demo: $(VENV)/.installed-demo
@@ -57,7 +57,7 @@ $(OLDEST)/bin/python:
 	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
 
 $(OLDEST)/.installed: $(OLDEST)/bin/python $(DEPS) $(OLDEST_PINS)
-	$(OLDEST)/bin/python -m pip install --quiet -e ".[tf,jax,torch,pyro,test,notebooks,docs]" -c $(OLDEST_PINS)
+	$(OLDEST)/bin/python -m pip install --quiet -e ".[tf,jax,torch,keras,pyro,test,notebooks,docs]" -c $(OLDEST_PINS)
 	touch $@
 
 test-oldest: $(OLDEST)/.installed

@@ -21,6 +21,7 @@ def _modules(namespace):
 TF_MODULES = _modules("tensorflow") + _modules("shared")  # shared: pure Python, run with TensorFlow's names
 JAX_MODULES = _modules("jax")
 TORCH_MODULES = _modules("torch")
+KERAS_MODULES = _modules("keras")
 
 
 def _run_examples(name, globs):
@@ -52,8 +53,16 @@ def test_torch_docstring_examples(name):
     _run_examples(name, {"torch": torch, "np": np, **{n: getattr(sgm_torch, n) for n in sgm_torch.__all__}})
 
 
+@pytest.mark.parametrize("name", KERAS_MODULES)
+def test_keras_docstring_examples(name):  # on the backend of this process, TensorFlow unless KERAS_BACKEND says
+    keras = pytest.importorskip("keras")
+    import stopgrad_math.keras as sgm_keras
+
+    _run_examples(name, {"keras": keras, "np": np, **{n: getattr(sgm_keras, n) for n in sgm_keras.__all__}})
+
+
 def test_every_namespace_has_modules_with_examples():
-    assert len(TF_MODULES) > 20 and len(JAX_MODULES) > 8 and len(TORCH_MODULES) >= 6
+    assert len(TF_MODULES) > 20 and len(JAX_MODULES) > 8 and len(TORCH_MODULES) >= 6 and len(KERAS_MODULES) >= 3
 
 
 def test_custom_gradients_docstring_is_what_a_call_needs_and_links_to_the_rest():

@@ -22,7 +22,7 @@ def _lower_bounds() -> dict[str, str]:
     config.read(ROOT / "setup.cfg")
     extras = config["options.extras_require"]
     lines = "\n".join([config["options"]["install_requires"], extras["tf"], extras["jax"], extras["torch"],
-                       extras["pyro"]]).split("\n")
+                       extras["keras"], extras["pyro"]]).split("\n")
     requirements = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
     return {r.name: s.version for r in requirements for s in r.specifier if s.operator == ">="}
 
@@ -35,7 +35,8 @@ def _oldest_pins() -> dict[str, str]:
 
 def test_the_oldest_environment_pins_every_lower_bound():
     lower = _lower_bounds()
-    assert set(lower) == {"tensorflow", "tensorflow-probability", "tf-keras", "numpy", "jax", "torch", "pyro-ppl"}
+    assert set(lower) == {"tensorflow", "tensorflow-probability", "tf-keras", "numpy", "jax", "torch", "keras",
+                          "pyro-ppl"}
     pins = _oldest_pins()
     for name, version in lower.items():
         assert pins[name].startswith(version), (name, pins[name], version)
@@ -82,14 +83,15 @@ def test_the_wheel_builds_without_warnings_and_works_installed(tmp_path):
     assert int(imported.stdout) == len(__import__("stopgrad_math").__all__)
 
 
-def test_the_jax_and_torch_namespaces_have_the_tensorflow_namespaces_names():
+def test_the_jax_torch_and_keras_namespaces_have_the_tensorflow_namespaces_names():
     """The __all__ lists are written out (the API reference reads them statically): this keeps them in step.
     values_only() is TensorFlow's alone (JAX has no tape to switch off: docs/jax.md)."""
     import stopgrad_math
     import stopgrad_math.jax
+    import stopgrad_math.keras
     import stopgrad_math.tensorflow
     import stopgrad_math.torch
 
     assert set(stopgrad_math.jax.__all__) == set(stopgrad_math.__all__) - {"values_only"}
-    assert stopgrad_math.torch.__all__ == stopgrad_math.jax.__all__
+    assert stopgrad_math.torch.__all__ == stopgrad_math.jax.__all__ == stopgrad_math.keras.__all__
     assert stopgrad_math.__all__ == stopgrad_math.tensorflow.__all__  # the lazy namespace is the TensorFlow one

@@ -385,6 +385,17 @@ def test_every_floating_dtype_gets_the_vjps_value_in_that_dtype(dtype):
         torch.testing.assert_close(got, 1 - 1 / (1 + torch.exp(x)))  # the VJP's formula, rounded in dtype
 
 
+def test_a_loss_scaled_half_precision_cotangent_keeps_a_finite_gradient():
+    """Mixed precision scales the loss by 2**15: each cotangent is finite in float16, their sum is not. The
+    carrier of a non-finite J·v must not sum the cotangents before multiplying them by 0 (found by Keras's
+    mixed_float16 training, whose loss scaling then skipped every step)."""
+    x = torch.linspace(-3.0, 3.0, 512, dtype=torch.float16).reshape(64, 8).requires_grad_(True)
+    cotangent = torch.full((64, 8), 2.0**15, dtype=torch.float16)
+    (got,) = torch.autograd.grad(log1pexp(x), x, cotangent)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, cotangent * (1 - 1 / (1 + torch.exp(x.detach()))))
+
+
 def test_complex_values_follow_pytorchs_convention():
     z0 = torch.tensor([0.5 + 1.0j, -1.0 + 0.25j], dtype=torch.complex128)
 

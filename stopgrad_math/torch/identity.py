@@ -92,14 +92,17 @@ def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor]) -> torch
     is inf or NaN (an infinite element in the VJP) the select keeps +0.0 and
     drops p's derivative; a carrier makes it NaN there instead, never a
     silent zero: sqrt(k + 0·Σ zeros) − k with k = 1 where p is finite (slope
-    0) and 0 where it is not, whose slope is then 0/0.
+    0) and 0 where it is not, whose slope is then 0/0. The sum is spread to
+    p's shape before it is multiplied by 0, so that backward multiplies each
+    element's cotangent by 0 before it sums them: a sum first could overflow
+    in a half precision (a loss-scaled cotangent) and make 0·inf = NaN.
     """
     still = stop(p)
     finite = torch.isfinite(still)
     zero = torch.where(finite, p - still, 0.0)
     k = finite.to(zero.real.dtype)
     total = sum((z.real.sum() for z in zeros), torch.zeros((), dtype=k.dtype, device=k.device))
-    return zero + (torch.sqrt(k + 0.0 * total) - k).to(zero.dtype)
+    return zero + (torch.sqrt(k + 0.0 * total.expand_as(k)) - k).to(zero.dtype)
 
 
 def attach(value: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:

@@ -60,8 +60,9 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
 
     **Decorator form**: ``f(*args)`` returns ``(y, vjp)``; the decorated f
     has the value y bit for bit and the VJP's derivative under ``backward``,
-    ``forward_ad`` and every ``torch.func`` transform (an ``autograd.Function``
-    with a ``backward`` alone has no forward mode). vjp must be linear in its
+    ``forward_ad``, every ``torch.func`` transform and
+    ``torch.compile(fullgraph=True)`` (an ``autograd.Function`` with a
+    ``backward`` alone has no forward mode). vjp must be linear in its
     cotangent, which is proven from its graph of ATen ops (a ValueError names
     any other op); ``order=2`` makes second derivatives exact.
 

@@ -1,0 +1,240 @@
+"""stopgrad_math.keras on the backend this process runs (KERAS_BACKEND), beside Keras's own ops.custom_gradient;
+test_keras.py runs this file once per backend, each in its own process. Truths: the closed forms (sigmoid for
+log1pexp's derivative), Keras's own answers where they are right, and ops.softplus's training."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+from keras import ops  # noqa: E402
+
+import stopgrad_math.keras as sgk  # noqa: E402
+
+BACKEND = keras.backend.backend()
+X = np.array([-3.0, 0.0, 5.0, 100.0], dtype=np.float32)
+SIGMOID = 1.0 / (1.0 + np.exp(-X.astype(np.float64)))
+
+
+def log1pexp_with(decorator):
+    """Keras's own example (ops.custom_gradient's docstring, keras3's op_custom_gradient), decorated."""
+
+    @decorator
+    def log1pexp(x):
+        e = ops.exp(x)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            return ops.multiply(upstream, 1.0 - 1.0 / ops.add(1, e))
+
+        return ops.log(1 + e), grad
+
+    return log1pexp
+
+
+def reverse(fn, x):
+    """d sum(fn(x)) / dx with the backend's own reverse mode."""
+    x = ops.convert_to_tensor(x)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            total = ops.sum(fn(x))
+        return ops.convert_to_numpy(tape.gradient(total, x))
+    if BACKEND == "jax":
+        import jax
+
+        return np.asarray(jax.grad(lambda x: ops.sum(fn(x)))(x))
+    x = x.detach().requires_grad_(True)
+    ops.sum(fn(x)).backward()
+    return x.grad.numpy()
+
+
+def forward(fn, x):
+    """The JVP of fn along ones with the backend's own forward mode (ForwardAccumulator, jax.jvp,
+    torch.func.jvp)."""
+    x = ops.convert_to_tensor(x)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as accumulator:
+            y = fn(x)
+        return ops.convert_to_numpy(accumulator.jvp(y))
+    if BACKEND == "jax":
+        import jax
+
+        return np.asarray(jax.jvp(fn, (x,), (ops.ones_like(x),))[1])
+    import torch
+
+    return torch.func.jvp(fn, (x,), (torch.ones_like(x),))[1].detach().numpy()
+
+
+def keras_own_forward_mode():
+    """What Keras's own ops.custom_gradient gives in forward mode: the numbers, or the error's name."""
+    try:
+        return forward(log1pexp_with(ops.custom_gradient), X)
+    except Exception as error:  # measured, not assumed: the README's table is these outcomes
+        return type(error).__name__
+
+
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _outcome(derivative, decorator):
+    """The derivative at x = 100 of the Keras example, decorated, by a mode: its number, or the error's name."""
+    try:
+        value = float(np.asarray(derivative(log1pexp_with(decorator), np.array([100.0], dtype=np.float32)))[0])
+    except Exception as error:  # measured, not assumed: these outcomes are the README's table
+        return f"`{type(error).__name__}`"
+    return "NaN" if np.isnan(value) else repr(value)
+
+
+def table_row():
+    """This backend's row of the README's table, measured."""
+    cells = [_outcome(mode, decorator) for decorator in (ops.custom_gradient, sgk.custom_gradient)
+             for mode in (reverse, forward)]
+    return f"| {BACKEND} | " + " | ".join(cells) + " |"
+
+
+def test_the_readmes_table_row_is_what_this_backend_does():
+    assert table_row() in README.read_text()
+
+
+def test_the_keras_example_value_bit_for_bit_and_its_gradient():
+    ours, theirs = log1pexp_with(sgk.custom_gradient), log1pexp_with(ops.custom_gradient)
+    value = ops.convert_to_numpy(ours(ops.convert_to_tensor(X)))
+    np.testing.assert_array_equal(value.view(np.uint32), ops.convert_to_numpy(theirs(X)).view(np.uint32))
+    assert value[-1] == np.inf  # float32, as written: exp(100) overflows
+    np.testing.assert_allclose(reverse(ours, X), SIGMOID, rtol=1e-6)
+    assert reverse(ours, X)[-1] == 1.0
+
+
+def test_forward_mode_is_exact_where_keras_own_is_not():
+    np.testing.assert_allclose(forward(log1pexp_with(sgk.custom_gradient), X), SIGMOID, rtol=1e-6)
+    expected = {"tensorflow": "nan", "jax": "TypeError", "torch": "RuntimeError"}[BACKEND]
+    outcome = keras_own_forward_mode()
+    assert (("nan" if np.isnan(outcome[-1]) else "right") if isinstance(outcome, np.ndarray) else outcome) == expected
+
+
+def test_a_grad_with_upstream_by_keyword_alone_as_keras_torch_backend_calls_it():
+    @sgk.custom_gradient
+    def square(x):
+        def grad(*args, upstream):
+            assert args == ()  # the inputs are what f closes over
+            return upstream * 2.0 * x
+
+        return x * x, grad
+
+    np.testing.assert_allclose(reverse(square, X[:3]), 2.0 * X[:3])
+    np.testing.assert_allclose(forward(square, X[:3]), 2.0 * X[:3])
+
+
+def test_the_identity_form():
+    def log1pexp(x):
+        return sgk.custom_gradient(ops.softplus(x), ops.sigmoid(x), x)
+
+    np.testing.assert_array_equal(ops.convert_to_numpy(log1pexp(X)), ops.convert_to_numpy(ops.softplus(X)))
+    np.testing.assert_allclose(reverse(log1pexp, X), SIGMOID, rtol=1e-6)
+    np.testing.assert_allclose(forward(log1pexp, X), SIGMOID, rtol=1e-6)
+
+
+@pytest.mark.parametrize("use_variable", [False, True])
+def test_keras_own_custom_gradient_test_side_by_side(use_variable):
+    """keras/src/ops/core_test.py's test_custom_gradient (Keras 3.15, in its wheel), for Keras's decorator and ours:
+    the gradient at 100 is 1.0, the function called on a tensor, or inside a Layer on a non-trainable
+    keras.Variable (where the layer's derivative is 1 w.r.t. its input)."""
+
+    class Log1pexpLayer(keras.layers.Layer):
+        def __init__(self, log1pexp):
+            super().__init__()
+            self.log1pexp = log1pexp
+            self.v = keras.Variable(5.0, trainable=False)
+
+        def call(self, inputs):
+            return self.log1pexp(self.v) + inputs
+
+    for decorator in (ops.custom_gradient, sgk.custom_gradient):
+        log1pexp = log1pexp_with(decorator)
+        to_derive = Log1pexpLayer(log1pexp) if use_variable else log1pexp
+        assert reverse(to_derive, np.float32(100.0)) == 1.0
+
+
+def test_a_keras_variable_passed_and_read():
+    scale = keras.Variable(np.float32(3.0))
+
+    @sgk.custom_gradient
+    def scaled(x, s):
+        return x * s, lambda upstream: (upstream * s, None)
+
+    np.testing.assert_allclose(reverse(lambda x: scaled(x, scale), X[:3]), np.full(3, 3.0))
+    np.testing.assert_allclose(forward(lambda x: scaled(x, scale) * scale, X[:3]), np.full(3, 9.0))
+
+
+class GradientReversal(keras.layers.Layer):
+    def __init__(self, scale=1.0):
+        super().__init__()
+        self.scale = scale
+
+    def call(self, inputs):
+        return sgk.reverse_gradient(inputs, self.scale)
+
+
+def test_a_gradient_reversal_layer():
+    layer = GradientReversal(0.5)
+    np.testing.assert_array_equal(ops.convert_to_numpy(layer(X)), X)
+    np.testing.assert_allclose(reverse(lambda x: layer(x) * 3.0, X), np.full(4, -1.5))
+    np.testing.assert_allclose(forward(lambda x: layer(x) * 3.0, X), np.full(4, -1.5))
+
+
+def _trained(activation, steps=5, policy="float32"):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(8), keras.layers.Activation(activation),
+                                  keras.layers.Dense(1, dtype="float32")])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        rng = np.random.default_rng(0)
+        inputs, targets = rng.normal(size=(64, 2)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
+        model.fit(inputs, targets, batch_size=16, epochs=steps, shuffle=False, verbose=0)
+        return [np.asarray(ops.convert_to_numpy(w)) for w in model.weights], model.layers[1].compute_dtype
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_model_fit_with_a_custom_gradient_activation_reaches_the_same_weights(policy):
+    """Against Keras's own decorator of the same example (right in reverse mode), and in float32 against
+    ops.softplus, the same function autodiffed; in float16 the example's own formula rounds otherwise than
+    softplus (1 + exp(x) loses x's digits), which is the formula's doing, not the decorator's."""
+    ours, dtype = _trained(log1pexp_with(sgk.custom_gradient), policy=policy)
+    keras_own, _ = _trained(log1pexp_with(ops.custom_gradient), policy=policy)
+    assert dtype == ("float16" if policy == "mixed_float16" else "float32")
+    truths = [keras_own] + ([_trained(ops.softplus)[0]] if policy == "float32" else [])
+    half = policy == "mixed_float16"  # gradients in float16, whose rounding a compiler may place otherwise
+    for truth in truths:
+        for got, expected in zip(ours, truth, strict=True):
+            np.testing.assert_allclose(got, expected, rtol=1e-3 if half else 1e-5, atol=1e-4 if half else 1e-6)
+
+
+def test_the_helpers_run_on_the_backend():
+    x = ops.convert_to_tensor(X)
+    np.testing.assert_array_equal(ops.convert_to_numpy(sgk.stop_gradient(x)), X)
+    assert np.all(reverse(lambda x: sgk.stop_gradient(x) * x, X) == X)
+    np.testing.assert_array_equal(ops.convert_to_numpy(sgk.zero_with_gradient(x)), np.zeros(4))
+    np.testing.assert_allclose(reverse(lambda x: sgk.scale_gradient(x, 2.0), X), np.full(4, 2.0))
+    np.testing.assert_allclose(reverse(lambda x: sgk.straight_through(ops.round(x), x * 3.0), X), np.full(4, 3.0))
+    np.testing.assert_allclose(reverse(lambda x: sgk.partial_custom_gradient(ops.softplus, ops.sigmoid, x), X),
+                               SIGMOID, rtol=1e-6)
+
+
+def test_the_checker_passes_a_right_gradient_and_fails_a_wrong_one():
+    assert sgk.check_gradient(log1pexp_with(sgk.custom_gradient), X[:3]).passed
+
+    @sgk.custom_gradient
+    def wrong(x):
+        return ops.softplus(x), lambda upstream: upstream * 1.1 * ops.sigmoid(x)
+
+    assert not sgk.check_gradient(wrong, X[:3]).passed
