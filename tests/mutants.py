@@ -97,6 +97,11 @@ def _proves_nothing_while_compiling(original):
     return lambda f, leaves, kwargs, outputs, names, order: list(leaves.differentiable)
 
 
+def _upstream_never_by_keyword(original):
+    """Keras's grad(*args, upstream) called grad(ct), as if every grad took its upstream positionally."""
+    return lambda grad: False
+
+
 def _no_fence(original):
     return lambda v, watched, order, name: v
 
@@ -218,6 +223,9 @@ MUTANTS = {
     "the PyTorch decorator proves nothing under torch.compile": Mutant(
         "stopgrad_math.torch.decorator_form", "_proven_while_compiling", _proves_nothing_while_compiling,
         ("tests/test_torch_decorator_compiled.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),
+    "the Keras namespace calls every grad with its upstream positionally": Mutant(
+        "stopgrad_math.keras.identity_form", "_takes_upstream_by_keyword", _upstream_never_by_keyword,
+        ("tests/test_keras.py::test_the_keras_namespace_on_each_backend",)),
     "a replica context takes grad_fn(1) for J": Mutant(
         "stopgrad_math.tensorflow.routes", "replicated", _never_replicated,
         (f"{_INSIDE_TFP}::test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise",)),
