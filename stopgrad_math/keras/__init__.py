@@ -2,8 +2,8 @@
 
 Each name runs the namespace of ``keras.backend.backend()`` when called: ``stopgrad_math.tensorflow``,
 ``stopgrad_math.jax`` or ``stopgrad_math.torch`` (imported then), so it works with ``keras.ops`` inside, with
-``keras.Variable`` arguments, and in a ``Layer``'s ``call``, in forward mode too. Imports Keras alone; install with
-``pip install stopgrad_math[keras]`` and the extra of your backend.
+``keras.Variable`` arguments, and in a ``Layer``'s ``call``, in forward mode too. Importing it imports no framework,
+Keras included. Install with ``pip install stopgrad_math[keras]`` and the extra of your backend.
 """
 
 from stopgrad_math.keras.helpers import (
