@@ -134,7 +134,7 @@ def test_keras_fit_then_saved_model_keeps_gradients(tmp_path):
     kernel = model.layers[0].kernel.numpy()
     np.testing.assert_allclose(kernel, [[1.0], [-2.0], [0.5]], atol=0.05)
 
-    model.export(str(tmp_path / "model"), verbose=False)
+    model.export(str(tmp_path / "model"))  # (no verbose=False: Keras 3.5 has no such argument)
     loaded = tf.saved_model.load(str(tmp_path / "model"))
     inputs = tf.constant(x[:4])
     with tf.GradientTape() as tape:
