@@ -1027,10 +1027,10 @@ def test_bad_options_are_refused_when_given(options):
 
 
 def test_the_grad_fn_signature_cache_is_bounded():
-    from stopgrad_math.tensorflow import grad_fn_conventions
+    from stopgrad_math.shared import grad_fn_signature
 
     x = tf.constant([1.0, 2.0])
-    for k in range(grad_fn_conventions.SIGNATURES_KEPT + 300):  # a fresh code object each time, as generated code makes
+    for k in range(grad_fn_signature.SIGNATURES_KEPT + 300):  # a fresh code object each time, as generated code makes
         namespace = {}
         exec(f"def f(x):\n    return 2.0 * x, lambda dy{k}: {k % 7 + 1}.0 * dy{k}", namespace)  # a new code each k
         with tf.GradientTape() as tape:
@@ -1038,7 +1038,7 @@ def test_the_grad_fn_signature_cache_is_bounded():
             y = custom_gradient(namespace["f"])(x)
         if k % 400 == 0:
             np.testing.assert_array_equal(tape.gradient(y, x), [k % 7 + 1.0] * 2)
-    assert len(grad_fn_conventions._SIGNATURES) == grad_fn_conventions.SIGNATURES_KEPT
+    assert len(grad_fn_signature._SIGNATURES) == grad_fn_signature.SIGNATURES_KEPT
 
 
 def test_a_decorated_lambda_draws_no_autograph_warning(caplog):

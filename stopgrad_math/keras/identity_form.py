@@ -12,17 +12,12 @@ TensorFlow namespace reads these conventions itself.
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 from stopgrad_math.keras.backends import backend, namespace, values
 from stopgrad_math.shared import arguments
-
-
-def _takes_upstream_by_keyword(grad: Callable[..., Any]) -> bool:
-    parameter = inspect.signature(grad).parameters.get("upstream")
-    return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
+from stopgrad_math.shared.grad_fn_signature import signature
 
 
 def in_keras_conventions(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -31,7 +26,7 @@ def in_keras_conventions(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)
     def returning_a_vjp(*args: Any, **kwargs: Any) -> tuple[Any, Callable[[Any], Any]]:
         y, grad = arguments.call_f(f, args, kwargs)
-        if _takes_upstream_by_keyword(grad):
+        if signature(grad).upstream_keyword:  # read once per code object, as the TensorFlow namespace does
             keyword_grad: Callable[..., Any] = grad
             return y, lambda ct: keyword_grad(upstream=ct)
         return y, grad

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from stopgrad_math.shared import arguments as arguments_of
+from stopgrad_math.shared.grad_fn_signature import signature
 from stopgrad_math.tensorflow import (
     _tf_internal,
     grad_fn_conventions,
@@ -128,7 +129,7 @@ def evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
         y = _stopped(outputs) if not watched else call_f(f, tuple(arguments.with_tensors(stopped)), kwargs)[0]
         outputs = _outputs(y)
     variables = []
-    if watched and grad_fn_conventions.signature(grad_fn).takes_variables:
+    if watched and signature(grad_fn).takes_variables:
         variables = [gradient_components.of(v.name, v) for v in watched]
         outputs = _outputs(_stopped(outputs))  # grad_fn gives the variables' gradients: cut autodiff's path to them
     return Plan(f, outputs, grad_fn, arguments, variables, order)

@@ -16,58 +16,14 @@ run time where the shapes are not known while tracing.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable
 from typing import Any, cast
 
 import tensorflow as tf
 
-from stopgrad_math.shared import bounded_cache
+from stopgrad_math.shared.grad_fn_signature import signature
 from stopgrad_math.tensorflow import gradient_components, identity, shape_checks
 from stopgrad_math.tensorflow.gradient_components import Component, Flattened
-
-
-@dataclasses.dataclass(frozen=True)
-class _Signature:
-    """How to call a grad_fn: which upstream convention, and whether it takes variables."""
-
-    upstream_keyword: bool  # grad(*args, upstream=None): keras, torch style
-    structured: bool  # grad(upstream) for a nested y: JAX style, one structured argument
-    takes_variables: bool
-
-
-def _signature_of_parameters(parameters: tuple[tuple[str, str], ...]) -> _Signature:
-    kinds = dict(parameters)
-    positional = [k for k in kinds.values() if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
-    return _Signature(
-        upstream_keyword=kinds.get("upstream") == "KEYWORD_ONLY",
-        structured=len(positional) - ("variables" in kinds and kinds["variables"] != "KEYWORD_ONLY") == 1
-        and "VAR_POSITIONAL" not in kinds.values(),
-        takes_variables="variables" in kinds or "VAR_KEYWORD" in kinds.values(),
-    )
-
-
-def _parameters(grad_fn: Callable[..., Any]) -> tuple[tuple[str, str], ...]:
-    return tuple((p.name, p.kind.name) for p in inspect.signature(grad_fn).parameters.values())
-
-
-SIGNATURES_KEPT = 1024  # code objects; the least recently used goes first
-_SIGNATURES: bounded_cache.BoundedCache[_Signature] = bounded_cache.BoundedCache(SIGNATURES_KEPT)
-
-
-def signature(grad_fn: Callable[..., Any]) -> _Signature:
-    """grad_fn's calling convention.
-
-    A plain function's parameters are fixed by its code object, which the
-    closures made afresh on every call share, so those are cached by code,
-    for the most recent SIGNATURES_KEPT codes (generated grad_fns must not
-    grow it without bound); methods, partials, callable objects and wrapped
-    functions are read anew.
-    """
-    code = getattr(grad_fn, "__code__", None)
-    if code is None or inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__"):
-        return _signature_of_parameters(_parameters(grad_fn))
-    return _SIGNATURES.get(code) or _SIGNATURES.put(code, _signature_of_parameters(_parameters(grad_fn)))
 
 
 def call(
