@@ -49,6 +49,10 @@ LINEAR = {  # case: (vjp, an ATen op its graph must hold)
     "triangular solve": (lambda ct: torch.linalg.solve_triangular(L, ct[:, None], upper=False)[:, 0],
                          "linalg_solve_triangular"),
     "zeros added": (lambda ct: ct + torch.zeros(4), "add"),
+    # traced as a backward runs, where detach and .data are no-ops on the cotangent's values
+    "detach and .data": (lambda ct: ct.detach() * 2 + ct.data * S, "detach"),
+    "a literal zero written in (g[i] = 0)": (lambda ct: _zeroed(ct * S), "fill"),
+    "a cotangent written into zeros": (lambda ct: _written_into(torch.zeros(4), ct[:2] * 2), "slice_scatter"),
 }
 
 REFUSED = {  # case: (vjp, the op the finding names, what its reason says)
@@ -68,9 +72,13 @@ REFUSED = {  # case: (vjp, the op the finding names, what its reason says)
     "pad with a value that is not zero": (lambda ct: F.pad(ct, (1, 1), value=1.0), "constant_pad_nd",
                                           "not zero"),
     "cast to an integer": (lambda ct: (ct * 10).to(torch.int32).float(), "_to_copy", "torch.int32"),
-    "detach": (lambda ct: ct.detach() * 2, "detach", "stops the cotangent"),
     "an op the table lacks": (lambda ct: torch.erf(ct), "erf", "not in the table"),
 }
+
+
+def _zeroed(g):
+    g[1:3] = 0
+    return g
 
 
 def _written_into(base, ct):
@@ -103,12 +111,25 @@ def test_a_linear_vjp_is_proven_linear(case):
     assert graph.states() == [State.LINEAR]
 
 
+@pytest.mark.parametrize("case", LINEAR)
+def test_the_map_the_decorator_differentiates_is_the_traced_values_transpose(case):
+    """The dot-product test on Traced.linear, the graph the decorator differentiates: <map(u), w> = <u, Jᵀw>, the
+    map by the traced graph's values and Jᵀ by autodiff of the differentiable graph (where a detach left as a stop
+    would give 0, and copy, which autograd cannot differentiate, would raise)."""
+    graph = _graph(LINEAR[case][0])
+    generator = torch.Generator().manual_seed(1)
+    u, w = torch.randn(4, generator=generator), torch.randn(4, generator=generator)
+    linear = graph.linear(graph.constants, [0])
+    [transposed] = torch.func.vjp(linear, torch.zeros(4))[1]([w])
+    torch.testing.assert_close(torch.dot(u, transposed), torch.dot(graph(u)[0], w), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", REFUSED)
 def test_a_vjp_that_is_not_linear_is_refused_naming_the_op(case):
     vjp, op, why = REFUSED[case]
     graph = _graph(vjp)
     assert op in _ops(graph)
-    assert not _is_linear(graph) or case == "detach"  # detach is linear in value; its derivative is not the map's
+    assert not _is_linear(graph)
     [finding] = graph.states()
     assert isinstance(finding, Finding)
     assert op in finding.primitive and why in str(finding)

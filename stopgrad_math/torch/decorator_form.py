@@ -33,6 +33,7 @@ tracing f and its VJP anew on fake tensors (``_proven_while_compiling``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -83,12 +84,19 @@ class _Cotangents:
 
 
 def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor]) -> linear_ops.Traced:
-    """The VJP as an ATen graph. Outside torch.func it is traced as it is, on real values; under a transform
-    the tensors it closes over are the transform's wrappers, so they are lifted out and it is traced outside
-    the transform on fake stand-ins of their shapes (a VJP that reads a tensor's value in Python then raises)."""
+    """The VJP as an ATen graph, traced as PyTorch runs a backward (``linear_ops.trace``). Outside torch.func it
+    is traced as it is, on fake cotangents and the real tensors it closes over, which it may read; under a
+    transform those are the transform's wrappers, so they are lifted out (the graph's first constants) and it
+    is traced outside the transform on fake stand-ins of their shapes (a VJP that reads a tensor's value in
+    Python then raises)."""
     name = name_of(cotangents.f)
     if not second_derivative_guard.in_transform():
-        return linear_ops.trace(cotangents.of(vjp), *examples)
+        try:
+            return linear_ops.trace(cotangents.of(vjp), *examples)
+        except (ValueError, TypeError, LookupError):
+            raise
+        except Exception as error:  # what make_fx raises on a read of the cotangent, or on what it cannot trace
+            raise _untraceable(cotangents.f, error, "eagerly") from error
     lifted = vjp_closure.lifted(vjp)
     if lifted is None:
         raise ValueError(f"The vjp of {name} is a {type(vjp).__name__}, not a function: under torch.func the "
@@ -110,13 +118,24 @@ def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[t
         except Exception as error:  # what make_fx raises on a value read or a wrapped tensor
             raise _untraceable(cotangents.f, error, "under torch.func") from error
     cotangents.found = described.found
-    return traced
+    return dataclasses.replace(traced, constants=[*lifted.tensors, *traced.constants])
 
 
 def _untraceable(f: Callable[..., Any], error: Exception, where: str) -> ValueError:
-    """What make_fx raised on a VJP traced by shapes alone (a value read, a wrapped tensor), said as what to change:
-    ``where`` is "under torch.func", where the tensors the VJP closes over are lifted out, or "under torch.compile"."""
-    advice = "it may not read a tensor's value in Python (write the choice with torch.where)"
+    """What make_fx raised on a VJP it traced (a value read, a wrapped tensor, a compiled function), said as what to
+    change: ``where`` is "eagerly", where only the cotangent is fake, "under torch.func", where the tensors the VJP
+    closes over are lifted out, or "under torch.compile"."""
+    if "dynamo-optimized" in str(error):
+        return ValueError(f"The vjp of {name_of(f)} calls a function compiled with torch.compile, which the "
+                          "decorator cannot trace into ATen ops to prove it linear: call the function uncompiled "
+                          "inside the vjp, and compile the caller of the decorated function instead.")
+    advice = ("it may not read a tensor's value in Python, nor index with a boolean mask (write the choice with "
+              "torch.where)")
+    if where == "eagerly":
+        advice = ("it may not read its cotangent's value in Python (item, float, int, bool, tolist, numpy, or a "
+                  "branch on a tensor computed from it): a VJP is linear in the cotangent, so no value of it "
+                  "can choose the map (write a choice with torch.where on what it closes over). Eagerly it may "
+                  "read the values of the tensors it closes over")
     if where == "under torch.func":
         advice += (", nor a tensor held by an object or a global (close over the tensor itself), since the tensors "
                    "it closes over are lifted out")
@@ -134,9 +153,15 @@ def _proven_states(cotangents: _Cotangents, states: list[Judged]) -> list[int]:
                               "stopgrad_math.torch.linear_ops")]
 
 
-def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor]) -> list[int]:
-    """``_proven_states`` of the VJP traced as ``_traced`` does."""
-    return _proven_states(cotangents, _traced(cotangents, vjp, examples).states())
+def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor],
+            order: int) -> tuple[list[int], Callable[..., list[torch.Tensor]]]:
+    """The argument leaves whose cotangent is linear (``_proven_states`` of the VJP traced as ``_traced`` does), and
+    the map from the cotangents of y to theirs: the traced graph, with what the VJP closes over stopped (order 1)
+    or live (order 2)."""
+    traced = _traced(cotangents, vjp, examples)
+    kept = _proven_states(cotangents, traced.states())
+    constants = traced.constants if order == 2 else [identity.stop(c) for c in traced.constants]
+    return kept, traced.linear(constants, [cotangents.found.index(k) for k in kept])
 
 
 def _shape_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
@@ -190,11 +215,21 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
             examples = [torch.empty(shape, dtype=dtype, device=device)
                         for shape, dtype, device in [*cotangents, *(flat[k] for k in tensors)]]
             traced = linear_ops.trace(vjp_of_f, *examples, cotangents=count, fake=True)
+            kept = _proven_states(read[-1], traced.states())
+            as_written = linear_ops.differentiated_as_traced(vjp_of_f, *examples, traced=traced)
     except (ValueError, TypeError, LookupError):
         raise
     except Exception as error:
         raise _untraceable(f, error, "under torch.compile") from error
-    return tuple(_proven_states(read[-1], traced.states()))
+    if not as_written:
+        raise ValueError(f"The vjp of {name_of(f)} computes without grad mode (no_grad, set_grad_enabled(False), "
+                         "inference_mode, @once_differentiable), branches on it, changes its cotangent in place or "
+                         "detaches it (detach, .data), as a Function's backward may. Eagerly and under torch.func "
+                         "the decorator embeds the map such a backward applies, but under torch.compile it "
+                         "differentiates the vjp as written, which would not give that map: there, write the vjp "
+                         "in grad mode with no stop on the cotangent's path, or call the decorated function "
+                         "outside torch.compile.")
+    return tuple(kept)
 
 
 # ---------------------------------------------------------------- the embedding
@@ -208,23 +243,12 @@ def _one_element(outputs: Leaves, xs: list[torch.Tensor]) -> bool:
     return y.numel() == 1 and all(x.is_complex() == y.is_complex() for x in xs)
 
 
-def _stopped_closure(vjp: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """The VJP over stopped copies of the tensors it closes over (order 1: J constant), where it can be opened.
-    Not under torch.compile, where Dynamo cannot open a function; nor need it, since a compiled graph is never
-    differentiated twice (AOTAutograd refuses a double backward)."""
-    if torch.compiler.is_compiling():
-        return vjp
-    lifted = vjp_closure.lifted(vjp)
-    return vjp if lifted is None else lifted.rebuild([identity.stop(t) for t in lifted.tensors])
-
-
 def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], order: int) -> tuple[Any, Any]:
-    """f's ``(y, vjp)``: y at stop(x); the VJP at stop(x) with what it closes over stopped (order 1), or at the
-    midpoint stop(x) + (x − stop(x))/2 (order 2)."""
+    """f's ``(y, vjp)``: y at stop(x); the VJP at stop(x) (order 1: what it closes over is stopped when it is
+    embedded), or at the midpoint stop(x) + (x − stop(x))/2 (order 2)."""
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     if order == 1:
-        y, vjp = call_f(f, leaves.with_values(stopped), kwargs)
-        return y, _stopped_closure(vjp)
+        return call_f(f, leaves.with_values(stopped), kwargs)
     midpoint = {k: s + identity.zero_with_slope(leaves.values[k], slope_is_negative=False) / 2
                 for k, s in stopped.items()}
     vjp = call_f(f, leaves.with_values(midpoint), kwargs)[1]
@@ -266,8 +290,9 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     examples = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in outputs.tensors()]
     if compiling:
         kept = _proven_while_compiling(f, leaves, kwargs, outputs, names, order)
+        linear = cotangents.of(vjp, kept)
     else:
-        kept = _proven(cotangents, vjp, examples)
+        kept, linear = _proven(cotangents, vjp, examples, order)
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0 for x in leaves.tensors()),
@@ -275,7 +300,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         return outputs.with_values({k: identity.attach(outputs.values[k], [zero]) for k in outputs.differentiable})
     if guard and order == 1:
         xs = [second_derivative_guard.hooked(x, name) for x in xs]
-    return _attached(cotangents.of(vjp, kept), outputs, xs, examples, order)
+    return _attached(linear, outputs, xs, examples, order)
 
 
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:

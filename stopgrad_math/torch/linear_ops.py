@@ -21,6 +21,7 @@ for a list of tensors, none for None); a Python number is ZERO where it is
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import operator
 from collections.abc import Callable, Iterable, Sequence
@@ -108,6 +109,14 @@ def _copy(op: str, operands: Operands, literals: dict[str, Any]) -> Judged:
     return State.LINEAR if _carries(operands[1]) else Finding(op, "writes a constant over the cotangent")
 
 
+def _fill(op: str, operands: Operands, literals: dict[str, Any]) -> Judged:
+    """fill(self, value): value in self's shape, self's values unread (functionalization writes ``g[i] = v`` so)."""
+    del op, literals
+    if _carries(operands[1]):
+        return State.LINEAR
+    return State.ZERO if operands[1] == [State.ZERO] else State.CONST
+
+
 def _einsum(op: str, operands: Operands, literals: dict[str, Any]) -> Judged:
     """einsum(equation, tensors): a product of its tensors, linear where one carries the cotangent."""
     del literals
@@ -132,6 +141,9 @@ _VIEWS = (  # linear in their first argument; ZERO stays ZERO through them
     "_neg_view", "alias_copy", "view_copy", "expand_copy", "permute_copy", "transpose_copy", "t_copy",
     "squeeze_copy", "unsqueeze_copy", "select_copy", "slice_copy", "diagonal_copy", "unbind_copy",
     "split_copy", "split_with_sizes_copy", "lift_fresh_copy",
+    # detach (and .data, which traces as detach): in a backward, which runs without grad mode, a no-op on the
+    # value; the map is the VJP's values, so on the cotangent's path it is the identity (``Traced.linear``)
+    "detach",
 )
 _CASTS = ("_to_copy", "to")
 
@@ -151,6 +163,7 @@ RULES: dict[str, _Rule] = {
                                                                                   "index_add")},
     "index_put": _linear_in((0, 2), "indexes by the cotangent's values"),
     "copy": _copy,
+    "fill": _fill,
     **{name: _one_side() for name in ("mul", "mm", "bmm", "mv", "dot", "vdot", "matmul", "outer", "kron")},
     "einsum": _einsum,
     **{name: _one_side((1, 2), added=(0,)) for name in ("addmm", "addmv", "baddbmm", "addbmm")},
@@ -170,8 +183,6 @@ RULES: dict[str, _Rule] = {
         "abs", "sign", "sgn", "pow", "square", "sqrt", "rsqrt", "reciprocal", "exp", "log", "log1p", "expm1",
         "tanh", "sigmoid", "softplus", "norm", "linalg_vector_norm", "linalg_norm", "frobenius_norm", "prod",
         "cumprod", "logsumexp", "_softmax", "_log_softmax", "round", "floor", "ceil", "trunc", "frac")},
-    "detach": _refused("stops the cotangent: its transpose is not the map's (a decorated function or "
-                       "custom_gradient(fx, gx, x) called on the cotangent)"),
 }
 
 # Ops that make zeros: ZERO where their fill is 0. Those that read a tensor's dtype, shape and device alone (``like``
@@ -263,77 +274,203 @@ def _arguments(node: fx.Node) -> tuple[list[Any], dict[str, Any]]:
     return values, literals
 
 
-def judge(graph: fx.Graph, cotangents: int) -> list[Judged]:
-    """The state of each output of a graph whose first ``cotangents`` placeholders are the cotangent (the others,
-    and its ``get_attr`` constants, are constants)."""
+def _walked(graph: fx.Graph, cotangents: int, zeros: frozenset[int] = frozenset()) -> _Walk:
+    """Every node's state in a graph whose first ``cotangents`` placeholders are the cotangent; the placeholders at
+    ``zeros`` are constants known to be zero, the others (and ``get_attr`` constants) constants."""
     walk = _Walk()
-    outputs: list[Judged] = []
     placeholders = 0
     for node in graph.nodes:
-        if node.op == "output":
-            outputs = walk.states_in(node.args[0])
-        elif node.op == "placeholder":
-            walk.states[node] = State.LINEAR if placeholders < cotangents else State.CONST
+        if node.op == "placeholder":
+            walk.states[node] = (State.LINEAR if placeholders < cotangents else
+                                 State.ZERO if placeholders in zeros else State.CONST)
             placeholders += 1
-        else:
+        elif node.op != "output":
             walk.states[node] = walk.node(node)
-    return outputs
+    return walk
+
+
+def judge(graph: fx.Graph, cotangents: int, zeros: frozenset[int] = frozenset()) -> list[Judged]:
+    """The state of each output of a graph whose first ``cotangents`` placeholders are the cotangent (the others,
+    and its ``get_attr`` constants, are constants; those at ``zeros`` zero)."""
+    walk = _walked(graph, cotangents, zeros)
+    return walk.states_in(graph.output_node().args[0])
 
 
 @dataclasses.dataclass(frozen=True)
 class Traced:
     """A function as a functional graph of ATen ops of its arguments and then of ``constants``, the tensors it
     closes over (in the order of the graph's placeholders after the arguments); the first ``arguments``
-    placeholders are the cotangent."""
+    placeholders are the cotangent, and the placeholders at ``zeros`` are literal zeros made inside it."""
 
     graph: fx.GraphModule
     constants: list[torch.Tensor]
     arguments: int
+    zeros: frozenset[int] = frozenset()
+    recorded: tuple[str, ...] = ()  # the ops as the function ran them, before functionalization, detach aside
 
     def states(self) -> list[Judged]:
         """The state of each output (``judge``)."""
-        return judge(self.graph.graph, self.arguments)
+        return judge(self.graph.graph, self.arguments, self.zeros)
 
     def __call__(self, *arguments: torch.Tensor) -> Any:
         return self.graph(*arguments, *self.constants)
+
+    def linear(self, constants: list[torch.Tensor], outputs: list[int]) -> Callable[..., list[torch.Tensor]]:
+        """The map the graph computes, as ordinary differentiable ops of its cotangents: the outputs at ``outputs``,
+        with ``constants`` in place of the traced ones (stopped, or live for a second derivative).
+
+        The graph was traced as a backward runs, so what stops a derivative there (``detach``, ``.data``) is a
+        no-op on the cotangent's values, and so it is here: on the cotangent's path it is an alias. Elsewhere (a
+        constant the VJP detaches) it stays a stop."""
+        module = _differentiable(self)
+
+        def linear(*cotangents: torch.Tensor) -> list[torch.Tensor]:
+            values = module(*cotangents, *constants)
+            return [values[k] for k in outputs]
+
+        return linear
+
+
+def _cotangent_stops(traced: Traced) -> list[fx.Node]:
+    """The ``detach`` nodes on the cotangent's path (of a cotangent or of what is computed from it)."""
+    nodes = [n for n in traced.graph.graph.nodes if _name(n.target) == "detach"]
+    if not nodes:
+        return []
+    walk = _walked(traced.graph.graph, traced.arguments, traced.zeros)
+    return [n for n in nodes if walk.states_in(n.args[0]) != [State.CONST]]
+
+
+def _copied(self: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Functional ``copy(self, src)`` (src's values in self's shape, dtype and device) in ops autograd can
+    differentiate, which it cannot ``copy``."""
+    return src.to(dtype=self.dtype, device=self.device).expand(self.shape).clone()
+
+
+def _differentiable(traced: Traced) -> fx.GraphModule:
+    """The traced graph as ops autograd and torch.func differentiate as the map: a ``detach`` on the cotangent's
+    path an alias (a no-op in the backward it was traced as), ``copy`` written as ``_copied``."""
+    stops = _cotangent_stops(traced)
+    copies = [n for n in traced.graph.graph.nodes if _name(n.target) == "copy"]
+    if not stops and not copies:
+        return traced.graph
+    module = copy.deepcopy(traced.graph)
+    by_name = {n.name: n for n in module.graph.nodes}
+    for node in stops:
+        by_name[node.name].target = torch.ops.aten.alias.default
+    for node in copies:
+        by_name[node.name].target = _copied
+    module.recompile()
+    return module
 
 
 def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int | None = None,
           fake: bool = False) -> Traced:
     """function traced on ``examples`` into a functional graph of ATen ops (no in-place op: ``g[i] = u`` is a
     scatter), the tensors it closes over lifted to inputs. ``cotangents``: how many of the examples, first, are
-    the cotangent (by default all; the others are constants). ``fake``: on fake tensors of the examples' shapes,
-    so that reading a tensor's value in Python raises rather than choosing a branch for these values.
+    the cotangent (by default all; the others are constants).
+
+    It runs as PyTorch runs a ``backward``: without grad mode (and forward mode), on cotangents that do not
+    require grad, so a VJP under ``no_grad`` or ``@once_differentiable``, or one that branches on grad mode,
+    is traced as the map a Function's backward would apply. The cotangents are fake tensors of their shapes, so
+    reading their values in Python (``item``, ``float``, ``bool``, ``tolist``, ``numpy``, a branch) raises rather
+    than choosing a branch for zeros. ``fake``: every example and every tensor the function computes is fake, so
+    a read of any value raises; otherwise the tensors the function closes over are real, and it may read those.
 
     Two traces: the first records the ops as they run, with the closed-over tensors as constants; those become
     placeholders, and the second trace functionalizes that graph, which PyTorch can do only where every tensor
     is an input (writing into a copy of a closed-over tensor is then a scatter too)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    count = len(examples) if cotangents is None else cotangents
     mode: Literal["real", "fake"] = "fake" if fake else "real"
-    # Fake mode takes in a tensor the function reads from a global or an object (a real one) as it goes, and
-    # raises where a value is read in Python; real mode lets the function read one, its branch taken for this
-    # call's values, which are the values the trace is for.
-    recorded = make_fx(function, tracing_mode=mode, _allow_non_fake_inputs=fake,
-                       _error_on_data_dependent_ops=fake)(*examples)
-    constants = _lifted(recorded)
-    functional = make_fx(torch.func.functionalize(recorded), tracing_mode=mode,
-                         _error_on_data_dependent_ops=fake)(*examples, *constants)
-    return Traced(functional, constants, len(examples) if cotangents is None else cotangents)
+    with torch.no_grad(), torch.autograd.forward_ad._set_fwd_grad_enabled(False):  # type: ignore[no-untyped-call]
+        if fake:
+            recorded = make_fx(function, tracing_mode="fake", _allow_non_fake_inputs=True,
+                               _error_on_data_dependent_ops=True)(*examples)
+        else:
+            # Fake cotangents with no mode active: an op on them is fake, and a read of their values raises; an op
+            # on the real tensors the function closes over runs as it is, and they may be read
+            stand_in = FakeTensorMode(allow_non_fake_inputs=True).from_tensor
+            recorded = make_fx(function, _error_on_data_dependent_ops=False)(
+                *[stand_in(e) for e in examples[:count]], *examples[count:])
+        constants, zeros = _lifted(recorded)
+        functional = make_fx(torch.func.functionalize(recorded), tracing_mode=mode, _allow_non_fake_inputs=fake,
+                             _error_on_data_dependent_ops=False)(*examples, *constants)
+    _drop_writes_into_inputs(functional)
+    return Traced(functional, constants, count, frozenset(len(examples) + k for k in zeros), _ops(recorded))
 
 
-def _lifted(module: fx.GraphModule) -> list[torch.Tensor]:
-    """Turns the module's tensor constants into placeholders after its own, in place; returns the constants."""
+def _ops(module: fx.GraphModule) -> tuple[str, ...]:
+    """The ops a graph calls, in order, ``detach`` aside (autograd detaches what it saves for backward)."""
+    return tuple(name for n in module.graph.nodes if n.op == "call_function" and (name := _name(n.target)) != "detach")
+
+
+def differentiated_as_traced(function: Callable[..., Any], *examples: torch.Tensor, traced: Traced) -> bool:
+    """Whether autodiff of ``function`` w.r.t. its cotangents (the first ``traced.arguments`` examples, all fake)
+    is the map ``traced`` holds, which was traced as a backward runs: traced again with grad mode on and the
+    cotangents requiring grad, it must record the same graph (no branch on grad mode), every output the map
+    makes linear must require grad (nothing computed under ``no_grad``, ``set_grad_enabled(False)``,
+    ``inference_mode`` or ``@once_differentiable``), and nothing on the cotangent's path may be detached
+    (``detach``, ``.data``). Where this fails, differentiating the function as written would not give the map."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if _cotangent_stops(traced):
+        return False
+    count = traced.arguments
+    requiring: list[bool] = []
+
+    def recorded(*values: torch.Tensor) -> Any:
+        outputs = function(*values)
+        requiring[:] = [isinstance(t, torch.Tensor) and t.requires_grad for t in outputs]
+        return outputs
+
+    try:
+        with torch.enable_grad():
+            given = [e.detach().requires_grad_(True) for e in examples[:count]]
+            again = make_fx(recorded, tracing_mode="fake", _allow_non_fake_inputs=True)(*given, *examples[count:])
+    except Exception:  # an in-place op on a cotangent that requires grad, a Function that cannot be traced
+        return False
+    linear = [state is State.LINEAR for state in traced.states()]
+    return _ops(again) == traced.recorded and all(r for r, live in zip(requiring, linear, strict=False) if live)
+
+
+def _drop_writes_into_inputs(module: fx.GraphModule) -> None:
+    """Functionalization writes an input changed in place back into it (``ct.mul_(2)``: ``copy_(ct, ...)``): the
+    map is what the graph returns, and a backward's cotangent is its own, so the write-back is dropped."""
+    for node in list(module.graph.nodes):
+        if (_name(node.target) == "copy_" and not node.users and isinstance(node.args[0], fx.Node)
+                and node.args[0].op == "placeholder"):
+            module.graph.erase_node(node)
+    module.recompile()
+
+
+def _lifted(module: fx.GraphModule) -> tuple[list[torch.Tensor], list[int]]:
+    """Turns the module's tensor constants into placeholders after its own, in place; returns the constants, and
+    which of them are literal zeros (``torch.tensor(0.0)``, ``g[i] = 0``: a tensor the function made from a
+    number, read only by ``lift_fresh_copy``)."""
     graph = module.graph
     last = [n for n in graph.nodes if n.op == "placeholder"][-1]
     by_target: dict[str, fx.Node] = {}
     constants: list[torch.Tensor] = []
+    zeros: list[int] = []
     for node in [n for n in graph.nodes if n.op == "get_attr"]:
         if node.target not in by_target:
             with graph.inserting_after(last):
                 last = by_target[node.target] = graph.placeholder(f"constant{len(constants)}")
-            constants.append(getattr(module, node.target))
+            constant = getattr(module, node.target)
+            if _is_literal_zero(node, constant):
+                zeros.append(len(constants))
+            constants.append(constant)
         node.replace_all_uses_with(by_target[node.target])
         graph.erase_node(node)
     module.recompile()
-    return constants
+    return constants, zeros
+
+
+def _is_literal_zero(node: fx.Node, constant: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return (bool(node.users) and all(_name(user.target) == "lift_fresh_copy" for user in node.users)
+            and not is_fake(constant) and not constant.requires_grad and constant.numel() <= 1
+            and bool((constant == 0).all()))
