@@ -160,6 +160,22 @@ def _torch_manual_stop_unchecked(original):
 
 _JAX = "tests/test_jax_decorator_form.py"
 _TORCH = "tests/test_torch_identity_form.py"
+_AS_BACKWARD = "tests/test_torch_vjp_as_backward.py"
+
+
+def _differentiates_the_vjp_as_written(original):
+    """The decorator's J·v from autodiff of the Python VJP, not from the map traced as a backward runs: a VJP
+    under no_grad is embedded without its derivative (a silent 0)."""
+    def proven(cotangents, vjp, examples, order):
+        kept, _ = original(cotangents, vjp, examples, order)
+        return kept, cotangents.of(vjp, kept)
+    return proven
+
+
+def _readable_cotangents(original):
+    """The VJP traced on real zero cotangents: a read of the cotangent's value takes the branch for zero, which is
+    embedded as if it were the map."""
+    return lambda cotangents: list(cotangents)
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
 MUTANTS = {
@@ -217,6 +233,12 @@ MUTANTS = {
     "the PyTorch table takes every vjp for linear": Mutant(
         "stopgrad_math.torch.linear_ops", "judge", _everything_linear,
         ("tests/test_torch_linear_ops.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),
+    "the PyTorch decorator differentiates the VJP as written, no_grad and all": Mutant(
+        "stopgrad_math.torch.decorator_form", "_proven", _differentiates_the_vjp_as_written,
+        (f"{_AS_BACKWARD}::test_a_vjp_written_as_a_backward_gets_the_derivative_of_the_map_a_backward_applies",)),
+    "the PyTorch decorator takes a read of the cotangent for the map": Mutant(
+        "stopgrad_math.torch.linear_ops", "unreadable", _readable_cotangents,
+        (f"{_AS_BACKWARD}::test_a_read_of_the_cotangents_value_is_refused_eagerly_naming_the_vjp",)),
     "the PyTorch decorator never guards second derivatives under torch.func": Mutant(
         "stopgrad_math.torch.second_derivative_guard", "check", _never_checks,
         ("tests/test_torch_decorator_form.py::test_order_1_second_derivatives_raise_naming_order_2",)),

@@ -89,20 +89,25 @@ def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor]) -> torch
     ``stop(x) − x``).
 
     p − stop(p) is +0.0 where p is finite (a −0.0 product included). Where p
-    is inf or NaN (an infinite element in the VJP) the select keeps +0.0 and
-    drops p's derivative; a carrier makes it NaN there instead, never a
-    silent zero: sqrt(k + 0·Σ zeros) − k with k = 1 where p is finite (slope
-    0) and 0 where it is not, whose slope is then 0/0. The sum is spread to
-    p's shape before it is multiplied by 0, so that backward multiplies each
-    element's cotangent by 0 before it sums them: a sum first could overflow
-    in a half precision (a loss-scaled cotangent) and make 0·inf = NaN.
+    is inf or NaN (an infinite element in the VJP's J) the select keeps +0.0;
+    in reverse mode the derivative there is still not a silent zero, since
+    the select's zero cotangent times J's infinite element is NaN, at the
+    elements of x that J connects. In forward mode a carrier makes the
+    derivative NaN there: sqrt(k + u) − k, with k = 1 where p is finite
+    (slope 0) and 0 where it is not, whose slope is then 0/0, and u = +0.0
+    with a zero tangent and no cotangent at all: a select that never takes
+    its live branch, Σ zeros (forward mode gives a select a tangent where a
+    branch has one, and reverse mode passes a select's unchosen branch an
+    exact zero). So a NaN or inf in the cotangent or the tangent stays at
+    the elements it reaches through J, as in plain autodiff.
     """
     still = stop(p)
     finite = torch.isfinite(still)
     zero = torch.where(finite, p - still, 0.0)
     k = finite.to(zero.real.dtype)
     total = sum((z.real.sum() for z in zeros), torch.zeros((), dtype=k.dtype, device=k.device))
-    return zero + (torch.sqrt(k + 0.0 * total.expand_as(k)) - k).to(zero.dtype)
+    never = torch.zeros_like(finite)
+    return zero + (torch.sqrt(k + torch.where(never, total, 0.0)) - k).to(zero.dtype)
 
 
 def attach(value: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
@@ -116,13 +121,14 @@ def _slope_carrier(g: torch.Tensor, finite_g: torch.Tensor, zero: torch.Tensor) 
     """N: +0.0 in g·zero's shape whose derivative is g·d(zero) where g is not finite (inf of g's sign, NaN for a
     NaN or complex g), and exactly 0 where it is. ``zero`` is stop(x) − x; g is 0 where x is not finite.
 
-    N = sqrt(k + s·zero) − k, with k = 1 where g is finite (N = 1 − 1, slope 0) and s = ±1 for ±inf (0 for
-    NaN): there the square root is at +0.0 (addcmul adds k's +0.0 to −zero's −0.0), whose slope is infinite, of
-    the sign s gives; a NaN g's slope is inf·0 = NaN. k and s are stopped: the live path is arithmetic alone."""
+    N = sqrt(k + s·zero) − k, with k = 1 where g is finite (N = 1 − 1, selected: slope exactly 0) and s = ±1
+    for ±inf (0 for NaN): there the square root is at +0.0 (addcmul adds k's +0.0 to −zero's −0.0), whose slope
+    is infinite, of the sign s gives; a NaN g's slope is inf·0 = NaN. k and s are stopped."""
     k = finite_g.to(zero.real.dtype)
-    sign = torch.zeros_like(k) if g.is_complex() else torch.nan_to_num(torch.sign(g), nan=0.0)  # complex: NaN
-    s = torch.where(finite_g, 0.0, sign)
-    return torch.sqrt(torch.addcmul(k, s, zero.real)) - k
+    s = torch.zeros_like(k) if g.is_complex() else torch.nan_to_num(torch.sign(g), nan=0.0)  # complex: NaN
+    # where g is finite a select of k (a constant), so that an inf or NaN cotangent or tangent there passes
+    # nothing through the carrier (s·zero's cotangent would be inf·0 = NaN, where JAX and TensorFlow give inf)
+    return torch.sqrt(torch.where(finite_g, k, torch.addcmul(k, s, zero.real))) - k
 
 
 def zero_term(layout: Layout, fx: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -363,6 +363,15 @@ def _differentiable(traced: Traced) -> fx.GraphModule:
     return module
 
 
+def unreadable(cotangents: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Fake tensors of the cotangents' shapes, with no fake mode active: an op on them is fake, and a read of
+    their values raises; an op on the real tensors a function closes over runs as it is, and they may be read."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    stand_in = FakeTensorMode(allow_non_fake_inputs=True).from_tensor
+    return [stand_in(ct) for ct in cotangents]
+
+
 def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int | None = None,
           fake: bool = False) -> Traced:
     """function traced on ``examples`` into a functional graph of ATen ops (no in-place op: ``g[i] = u`` is a
@@ -379,7 +388,6 @@ def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int
     Two traces: the first records the ops as they run, with the closed-over tensors as constants; those become
     placeholders, and the second trace functionalizes that graph, which PyTorch can do only where every tensor
     is an input (writing into a copy of a closed-over tensor is then a scatter too)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
     count = len(examples) if cotangents is None else cotangents
@@ -389,11 +397,8 @@ def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int
             recorded = make_fx(function, tracing_mode="fake", _allow_non_fake_inputs=True,
                                _error_on_data_dependent_ops=True)(*examples)
         else:
-            # Fake cotangents with no mode active: an op on them is fake, and a read of their values raises; an op
-            # on the real tensors the function closes over runs as it is, and they may be read
-            stand_in = FakeTensorMode(allow_non_fake_inputs=True).from_tensor
             recorded = make_fx(function, _error_on_data_dependent_ops=False)(
-                *[stand_in(e) for e in examples[:count]], *examples[count:])
+                *unreadable(examples[:count]), *examples[count:])
         constants, zeros = _lifted(recorded)
         functional = make_fx(torch.func.functionalize(recorded), tracing_mode=mode, _allow_non_fake_inputs=fake,
                              _error_on_data_dependent_ops=False)(*examples, *constants)

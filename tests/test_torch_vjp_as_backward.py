@@ -1,0 +1,255 @@
+"""A VJP written as PyTorch users write a Function's ``backward`` (issue 43): under ``no_grad``, with
+``@once_differentiable``, branching on grad mode, masking through ``.data``, changing the cotangent in place.
+The decorator embeds the map such a backward applies; each is checked in every mode against PyTorch's autodiff
+of the closed form, never against the library. Reads of the cotangent's value are refused eagerly, as under
+torch.func; non-finite values stay at the elements they reach, as in plain autodiff."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.autograd.forward_ad as forward_ad  # noqa: E402
+from torch.autograd.function import once_differentiable  # noqa: E402
+from torch_modes import COMPILED_MODES, MODES  # noqa: E402
+
+import stopgrad_math.torch as sgm  # noqa: E402
+
+X = torch.tensor([0.4, -1.3, 2.2, 0.9], dtype=torch.float64)
+FIRST_ORDER = [m for m in MODES if m != "autograd.grad(create_graph)"]
+
+
+def _no_grad(x):
+    def vjp(ct):
+        with torch.no_grad():
+            return ct * torch.cos(x)
+    return vjp
+
+
+def _no_grad_decorator(x):
+    @torch.no_grad()
+    def vjp(ct):
+        return ct * torch.cos(x)
+    return vjp
+
+
+def _grad_disabled(x):
+    def vjp(ct):
+        with torch.set_grad_enabled(False):
+            return ct * torch.cos(x)
+    return vjp
+
+
+def _inference_mode(x):
+    def vjp(ct):
+        with torch.inference_mode():
+            return ct * torch.cos(x)
+    return vjp
+
+
+def _once_differentiable(x):
+    @once_differentiable
+    def vjp(ct):
+        return ct * torch.cos(x)
+    return vjp
+
+
+def _branch_on_grad_mode(x):
+    def vjp(ct):  # a backward runs without grad mode: the first branch is never the rule
+        if torch.is_grad_enabled():
+            return ct * torch.sin(x + 1)
+        return ct * torch.cos(x)
+    return vjp
+
+
+def _branch_on_requires_grad(x):
+    def vjp(ct):  # a backward's cotangent does not require grad
+        if ct.requires_grad:
+            return ct * torch.sin(x + 1)
+        return ct * torch.cos(x)
+    return vjp
+
+
+def _in_place(x):
+    def vjp(ct):
+        return ct.mul_(torch.cos(x))
+    return vjp
+
+
+def _detached(x):
+    def vjp(ct):
+        return ct.detach() * torch.cos(x)
+    return vjp
+
+
+AS_BACKWARD = {  # each VJP's map is ct·cos(x): the decorated function is sin's value with sin's derivative
+    "with torch.no_grad()": _no_grad,
+    "@torch.no_grad()": _no_grad_decorator,
+    "set_grad_enabled(False)": _grad_disabled,
+    "inference_mode": _inference_mode,
+    "@once_differentiable": _once_differentiable,
+    "a branch on torch.is_grad_enabled()": _branch_on_grad_mode,
+    "a branch on ct.requires_grad": _branch_on_requires_grad,
+    "ct changed in place": _in_place,
+    "ct.detach()": _detached,
+}
+
+
+def _decorated(make_vjp, order=1):
+    @sgm.custom_gradient(order=order)
+    def sin(x):
+        return torch.sin(x), make_vjp(x)
+    return sin
+
+
+@pytest.mark.parametrize("mode", FIRST_ORDER)
+@pytest.mark.parametrize("case", AS_BACKWARD)
+def test_a_vjp_written_as_a_backward_gets_the_derivative_of_the_map_a_backward_applies(case, mode):
+    torch.testing.assert_close(MODES[mode](_decorated(AS_BACKWARD[case]), X), MODES[mode](torch.sin, X))
+
+
+def test_a_mask_written_through_data_is_the_map_a_backward_applies():
+    """PyTorch's test_data_in_bwd: ``g.data[x < 0] = 0`` in the backward of relu-like masking."""
+    @sgm.custom_gradient
+    def masked(x):
+        def vjp(ct):
+            g = ct.clone()
+            g.data[x < 0] = 0
+            return g
+        return torch.relu(x), vjp
+
+    for mode in ("backward", "autograd.grad", "forward_ad"):
+        torch.testing.assert_close(MODES[mode](masked, X), MODES[mode](torch.relu, X))
+
+
+@pytest.mark.parametrize("case", ["with torch.no_grad()", "@once_differentiable", "a branch on torch.is_grad_enabled()"])
+def test_order_2_of_a_vjp_written_as_a_backward_has_the_exact_second_derivative(case):
+    sin = _decorated(AS_BACKWARD[case], order=2)
+    want = torch.func.hessian(lambda x: torch.exp(torch.sin(x)).sum())(X)
+    torch.testing.assert_close(torch.func.hessian(lambda x: torch.exp(sin(x)).sum())(X), want)
+
+
+def test_a_decorated_call_inside_a_vjp_under_no_grad():
+    @sgm.custom_gradient
+    def double(u):
+        return u * 2.0, lambda ct: ct * 2.0
+
+    @sgm.custom_gradient
+    def f(x):
+        def vjp(ct):
+            with torch.no_grad():
+                return double(ct) * x
+        return x * x, vjp
+
+    for mode in FIRST_ORDER:
+        torch.testing.assert_close(MODES[mode](f, X), 2.0 * X)
+
+
+@pytest.mark.parametrize("case", ["with torch.no_grad()", "inference_mode", "a branch on torch.is_grad_enabled()",
+                                  "ct changed in place", "ct.detach()"])
+def test_under_torch_compile_a_vjp_whose_autodiff_is_not_the_backwards_map_is_refused_naming_why(case):
+    """A limit: under torch.compile the VJP is differentiated as Dynamo traces it, so a VJP whose autodiff would
+    not be the map is refused at compilation, never embedded with a zero or another branch's derivative."""
+    with pytest.raises(RuntimeError, match="vjp of sin computes without grad mode .* under torch.compile"):
+        COMPILED_MODES["compile(fullgraph) backward"](_decorated(AS_BACKWARD[case]), X)
+
+
+# ---------------------------------------------------------------- reads of the cotangent
+
+
+READS = {
+    "item": lambda ct: ct * ct.sum().item(),
+    "float": lambda ct: ct / max(float(ct.norm()), 1.0),
+    "int": lambda ct: ct * int(ct[0]),
+    "bool": lambda ct: ct * 2.0 if bool(ct.sum() >= 0) else ct * -2.0,
+    "a Python branch": lambda ct: ct * 2.0 if ct.sum() >= 0 else ct * -2.0,
+    "tolist": lambda ct: ct * ct.tolist()[0],
+    "numpy": lambda ct: ct * float(ct.numpy()[0]),
+}
+
+
+@pytest.mark.parametrize("read", READS)
+def test_a_read_of_the_cotangents_value_is_refused_eagerly_naming_the_vjp(read):
+    """Traced at a zero cotangent, the branch taken for zero would be embedded as if it were the map (a
+    clip-by-norm would become the identity)."""
+    f = sgm.custom_gradient(lambda x: (x * 2.0, READS[read]))
+    x = X.clone().requires_grad_(True)
+    with pytest.raises(ValueError, match="vjp of <lambda> .* may not read its cotangent's value in Python"):
+        f(x).sum().backward()
+
+
+def test_reading_the_values_the_vjp_closes_over_is_allowed_eagerly():
+    @sgm.custom_gradient
+    def sin(x):
+        cosine = np.cos(x.detach().numpy())
+        scale = float(x.detach().abs().max())
+        return torch.sin(x), lambda ct: ct * torch.as_tensor(cosine) * (scale / scale)
+
+    torch.testing.assert_close(MODES["backward"](sin, X), torch.cos(X))
+
+
+def test_a_compiled_function_called_inside_a_vjp_is_named():
+    doubled = torch.compile(lambda ct: ct * 2.0)
+    f = sgm.custom_gradient(lambda x: (x * 2.0, doubled))
+    with pytest.raises(ValueError, match="vjp of <lambda> calls a function compiled with torch.compile"):
+        MODES["backward"](f, X)
+
+
+# ---------------------------------------------------------------- non-finite values stay where they are
+
+
+@sgm.custom_gradient
+def _sin(x):
+    return torch.sin(x), lambda ct: ct * torch.cos(x)
+
+
+def _reverse(f, x, ct):
+    x = x.clone().requires_grad_(True)
+    f(x).backward(ct)
+    return x.grad
+
+
+def _forward(f, x, tangent):
+    with forward_ad.dual_level():
+        return forward_ad.unpack_dual(f(forward_ad.make_dual(x, tangent))).tangent
+
+
+NON_FINITE = {  # (x, cotangent or tangent)
+    "a NaN cotangent element": (X, torch.tensor([math.nan, 1.0, 1.0, 1.0], dtype=torch.float64)),
+    "an inf cotangent element": (X, torch.tensor([1.0, -math.inf, 1.0, 1.0], dtype=torch.float64)),
+    "an inf element of x (NaN in the VJP's J)": (torch.tensor([math.inf, 1.0, 2.0, 3.0], dtype=torch.float64),
+                                                  torch.ones(4, dtype=torch.float64)),
+}
+
+
+@pytest.mark.parametrize("way", [_reverse, _forward], ids=["backward", "forward_ad"])
+@pytest.mark.parametrize("case", NON_FINITE)
+def test_a_non_finite_value_reaches_the_elements_plain_autodiff_reaches(case, way):
+    x, direction = NON_FINITE[case]
+    got, want = way(_sin, x, direction), way(torch.sin, x, direction)
+    np.testing.assert_array_equal(np.isfinite(got.numpy()), np.isfinite(want.numpy()))
+    finite = np.isfinite(want.numpy())
+    torch.testing.assert_close(got[finite], want[finite])
+
+
+def test_a_matrix_vjp_with_an_infinite_element_is_not_finite_only_where_it_reaches():
+    a = torch.tensor([[1.0, 2.0, 0.0], [0.0, math.inf, 0.0], [0.0, 0.0, 3.0]], dtype=torch.float64)
+
+    @sgm.custom_gradient
+    def product(x):
+        return a @ x, lambda ct: ct @ a
+
+    x = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)
+    got = _reverse(product, x, torch.ones(3, dtype=torch.float64))
+    assert np.isfinite(got.numpy()).tolist() == [True, False, True]
+    torch.testing.assert_close(got[[0, 2]], torch.tensor([1.0, 3.0], dtype=torch.float64))
+    tangent = _forward(product, x, torch.ones(3, dtype=torch.float64))
+    assert np.isfinite(tangent.numpy()).tolist() == [True, False, True]
+
+
+def test_the_identity_form_gives_an_inf_cotangent_times_a_finite_gx_as_inf_as_jax_and_tensorflow_do():
+    g = torch.tensor([2.0, -3.0, 4.0], dtype=torch.float64)
+    cotangent = torch.tensor([math.inf, math.inf, 1.0], dtype=torch.float64)
+    got = _reverse(lambda x: sgm.custom_gradient(torch.sin(x), g, x), X[:3], cotangent)
+    torch.testing.assert_close(got, torch.tensor([math.inf, -math.inf, 4.0], dtype=torch.float64))
