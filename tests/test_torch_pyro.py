@@ -22,8 +22,22 @@ def identity_log1pexp(eta):
     return sgm.custom_gradient(torch.logaddexp(eta, torch.zeros_like(eta)), torch.sigmoid(eta), eta)
 
 
+class _Log1pexp(torch.autograd.Function):
+    """The anchor for a chain: the stable value and the same rule, σ(η)·cotangent, as PyTorch's own mechanism."""
+
+    @staticmethod
+    def forward(ctx, eta):
+        ctx.save_for_backward(eta)
+        return torch.logaddexp(eta, torch.zeros_like(eta))
+
+    @staticmethod
+    def backward(ctx, ct):
+        return ct * torch.sigmoid(ctx.saved_tensors[0])
+
+
 LOG1PEXP = {
     "identity": identity_log1pexp,
+    "autograd.Function": _Log1pexp.apply,
     "stable": lambda eta: torch.logaddexp(eta, torch.zeros_like(eta)),  # softplus is linear above 20: not exact
     "naive": lambda eta: torch.log(1 + torch.exp(eta)),
 }
@@ -79,10 +93,12 @@ def test_svi_steps_match_the_stable_formula():
     assert losses[-1] < losses[0]
 
 
-def test_a_short_nuts_chain_matches_the_stable_formula_and_the_naive_one_cannot_start():
-    samples, stable = _nuts("identity"), _nuts("stable")
-    # the gradients differ in the last bit, which 60 trajectories amplify to about 1e-7
-    torch.testing.assert_close(samples, stable, rtol=1e-6, atol=1e-8)
+def test_a_short_nuts_chain_matches_the_function_with_the_same_rule_and_the_naive_one_cannot_start():
+    """Against the autograd.Function with the same rule, not the stable formula: logaddexp's own backward differs
+    from σ(η) in the last bit, which 60 trajectories amplify by a factor that depends on the CPU's vector code
+    (1e-7 on one machine, 4e-6 on another)."""
+    samples, anchor = _nuts("identity"), _nuts("autograd.Function")
+    torch.testing.assert_close(samples, anchor, rtol=1e-6, atol=1e-8)
     assert samples.std(0).min() > 0  # the chain moved
     with pytest.raises((RuntimeError, ValueError)):  # Pyro's check of the initial point: a NaN gradient
         _nuts("naive", samples=2)
