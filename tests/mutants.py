@@ -167,8 +167,8 @@ def _differentiates_the_vjp_as_written(original):
     """The decorator's J·v from autodiff of the Python VJP, not from the map traced as a backward runs: a VJP
     under no_grad is embedded without its derivative (a silent 0)."""
     def proven(cotangents, vjp, examples, order):
-        kept, _ = original(cotangents, vjp, examples, order)
-        return kept, cotangents.of(vjp, kept)
+        kept, _, closed_over = original(cotangents, vjp, examples, order)
+        return kept, cotangents.of(vjp, kept), closed_over
     return proven
 
 

@@ -253,3 +253,48 @@ def test_the_identity_form_gives_an_inf_cotangent_times_a_finite_gx_as_inf_as_ja
     cotangent = torch.tensor([math.inf, math.inf, 1.0], dtype=torch.float64)
     got = _reverse(lambda x: sgm.custom_gradient(torch.sin(x), g, x), X[:3], cotangent)
     torch.testing.assert_close(got, torch.tensor([math.inf, -math.inf, 4.0], dtype=torch.float64))
+
+
+# ---------------------------------------------------------------- the order=1 guard raises only where a term is missed
+
+
+def _penalty_gradient(f, w, x, reach_x=False):
+    """A gradient penalty as WGAN-GP writes it: the first derivative w.r.t. x recorded (create_graph), its norm
+    penalized, and the penalty differentiated w.r.t. a weight w outside f (and, with ``reach_x``, w.r.t. x too)."""
+    w = w.clone().requires_grad_(True)
+    x = x.clone().requires_grad_(True)
+    [first] = torch.autograd.grad((w * f(x)).sum(), x, create_graph=True)
+    penalty = ((first.norm() - 1.0) ** 2)
+    return torch.autograd.grad(penalty, [w, x] if reach_x else [w])
+
+
+def test_a_gradient_penalty_wrt_a_weight_outside_f_is_exact_at_order_1():
+    w = torch.tensor([0.5, -1.5, 2.0, 1.0], dtype=torch.float64)
+    [got] = _penalty_gradient(_sin, w, X)
+    [want] = _penalty_gradient(torch.sin, w, X)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_gradient_penalty_that_reaches_x_still_raises_at_order_1_naming_order_2():
+    w = torch.tensor([0.5, -1.5, 2.0, 1.0], dtype=torch.float64)
+    with pytest.raises(LookupError, match=r"custom_gradient\(order=2\)"):
+        _penalty_gradient(_sin, w, X, reach_x=True)
+
+
+def test_a_gradient_penalty_under_torch_func_wrt_a_weight_outside_f_is_exact_at_order_1():
+    def penalty(f):
+        def of_w(w):
+            first = torch.func.grad(lambda x: (w * f(x)).sum())(X)
+            return (first.norm() - 1.0) ** 2
+        return torch.func.grad(of_w)(torch.tensor([0.5, -1.5, 2.0, 1.0], dtype=torch.float64))
+
+    torch.testing.assert_close(penalty(_sin), penalty(torch.sin))
+
+
+def test_a_vjp_that_returns_none_for_every_argument_has_a_zero_second_derivative_without_raising():
+    @sgm.custom_gradient
+    def held(x):
+        return torch.sin(x), lambda ct: None
+
+    second = torch.func.grad(lambda x: torch.func.grad(lambda x: held(x).sum())(x).sum())(X)
+    torch.testing.assert_close(second, torch.zeros_like(X))

@@ -154,14 +154,14 @@ def _proven_states(cotangents: _Cotangents, states: list[Judged]) -> list[int]:
 
 
 def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor],
-            order: int) -> tuple[list[int], Callable[..., list[torch.Tensor]]]:
-    """The argument leaves whose cotangent is linear (``_proven_states`` of the VJP traced as ``_traced`` does), and
+            order: int) -> tuple[list[int], Callable[..., list[torch.Tensor]], list[torch.Tensor]]:
+    """The argument leaves whose cotangent is linear (``_proven_states`` of the VJP traced as ``_traced`` does);
     the map from the cotangents of y to theirs: the traced graph, with what the VJP closes over stopped (order 1)
-    or live (order 2)."""
+    or live (order 2); and what it closes over, as it is."""
     traced = _traced(cotangents, vjp, examples)
     kept = _proven_states(cotangents, traced.states())
     constants = traced.constants if order == 2 else [identity.stop(c) for c in traced.constants]
-    return kept, traced.linear(constants, [cotangents.found.index(k) for k in kept])
+    return kept, traced.linear(constants, [cotangents.found.index(k) for k in kept]), traced.constants
 
 
 def _shape_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
@@ -283,23 +283,24 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     outputs = Leaves.of(y, "y")
     if not outputs.differentiable:
         return y
-    compiling = torch.compiler.is_compiling()
-    if guard and not compiling:
-        second_derivative_guard.check([*leaves.tensors(), *outputs.tensors()], order, name)
     cotangents = _Cotangents(f, names, leaves, outputs, order)
     examples = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in outputs.tensors()]
+    compiling = torch.compiler.is_compiling()
+    closed_over: list[torch.Tensor] = []
     if compiling:
         kept = _proven_while_compiling(f, leaves, kwargs, outputs, names, order)
         linear = cotangents.of(vjp, kept)
     else:
-        kept, linear = _proven(cotangents, vjp, examples, order)
+        kept, linear, closed_over = _proven(cotangents, vjp, examples, order)
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0 for x in leaves.tensors()),
                    torch.zeros(()))
         return outputs.with_values({k: identity.attach(outputs.values[k], [zero]) for k in outputs.differentiable})
-    if guard and order == 1:
-        xs = [second_derivative_guard.hooked(x, name) for x in xs]
+    if guard and not compiling:  # J depends on xs and what the VJP closes over: derivatives of those count
+        second_derivative_guard.check([*xs, *closed_over], order, name)
+        if order == 1:
+            xs = [second_derivative_guard.hooked(x, closed_over, name) for x in xs]
     return _attached(linear, outputs, xs, examples, order)
 
 

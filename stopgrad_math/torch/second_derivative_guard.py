@@ -10,14 +10,16 @@ derivatives being taken, in three places:
   called. Each ``grad`` or ``jvp`` level at which an argument or y is
   wrapped is one derivative (``hessian`` is two, ``vmap(grad)`` one).
 - ``forward_ad``: a dual argument outside ``torch.func`` is one more.
-- ``backward``: a hook on each zero ``v`` sees the gradient that reaches
+- ``backward``: a hook on an alias of x sees the gradient that reaches
+  it; where that gradient is a dual tensor, forward mode is differentiating
   it; where grad mode is on (``create_graph=True``) the first derivative is
-  being recorded to be differentiated again, and where that gradient is a
-  dual tensor, forward mode is differentiating it.
+  being recorded, and a zero term attached to it raises when a later
+  derivative reaches x (or what the VJP closes over) through it.
 
-``check`` raises where the count exceeds the order, when f is called;
-``hooked`` raises in ``backward``, at order 1 (on an alias of x, through
-which the decorator's term reaches it). What none of them sees is
+``check`` raises where the count of derivatives of f's arguments and of
+what the VJP closes over exceeds the order, when f is called; ``hooked``
+raises in ``backward``, at order 1. A second derivative w.r.t. anything
+else (a gradient penalty's weights) is exact and raises nothing. What none of them sees is
 documented (docs/torch.md) and tested as a limit: a ``forward_ad`` level
 around a ``torch.func`` one, and ``create_graph`` chains at order 2.
 """
@@ -32,27 +34,35 @@ from torch._C._functorch import TransformType, get_unwrapped, is_functorch_wrapp
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 from stopgrad_math.shared.arguments import BEYOND_ORDER
+from stopgrad_math.torch.identity import zero_with_slope
 
 _DIFFERENTIATING = (TransformType.Grad, TransformType.Jvp)
 
 
-def _levels(tensor: torch.Tensor) -> tuple[set[int], torch.Tensor]:
-    """The torch.func levels the tensor is wrapped at, and the plain tensor inside."""
+def _levels(tensor: torch.Tensor, grad_levels: set[int]) -> tuple[set[int], torch.Tensor]:
+    """The torch.func levels the tensor is differentiated at, and the plain tensor inside: each level it is
+    wrapped at, but a grad level only where it requires grad there (a stopped tensor is wrapped at the levels
+    around it, and no derivative reaches it through them)."""
     levels = set()
     while is_functorch_wrapped_tensor(tensor):
-        levels.add(maybe_get_level(tensor))
+        level = maybe_get_level(tensor)
+        if level not in grad_levels or tensor.requires_grad:
+            levels.add(level)
         tensor = get_unwrapped(tensor)
     return levels, tensor
 
 
 def derivatives_taken(tensors: Iterable[torch.Tensor]) -> int:
     """How many derivatives are being taken of these tensors now: the torch.func grad and jvp levels they are
-    wrapped at, and one for a forward_ad dual tensor among them (outside torch.func, whose jvp is dual inside)."""
-    differentiating = {i.level() for i in retrieve_all_functorch_interpreters() if i.key() in _DIFFERENTIATING}
+    differentiated at, and one for a forward_ad dual tensor among them (outside torch.func, whose jvp is dual
+    inside)."""
+    interpreters = retrieve_all_functorch_interpreters()
+    differentiating = {i.level() for i in interpreters if i.key() in _DIFFERENTIATING}
+    grad_levels = {i.level() for i in interpreters if i.key() == TransformType.Grad}
     levels: set[int] = set()
     dual = False
     for tensor in tensors:
-        wrapped, plain = _levels(tensor)
+        wrapped, plain = _levels(tensor, grad_levels)
         levels |= wrapped
         dual = dual or forward_ad.unpack_dual(plain).tangent is not None  # type: ignore[no-untyped-call]
     return len(levels & differentiating) + dual
@@ -70,16 +80,34 @@ def check(tensors: Iterable[torch.Tensor], order: int, name: str) -> None:
         raise LookupError(BEYOND_ORDER[order].format(name=name))
 
 
-def hooked(x: torch.Tensor, name: str) -> torch.Tensor:
-    """x, or where backward may reach it, an alias of it with a hook that raises in a backward pass recording a
-    second derivative (order 1): one with ``create_graph=True``, or one whose gradient is a dual tensor."""
+def hooked(x: torch.Tensor, stopped: list[torch.Tensor], name: str) -> torch.Tensor:
+    """x, or where backward may reach it, an alias of it with a hook for a backward pass recording a second
+    derivative (order 1). ``stopped``: what J depends on besides x, held constant (the tensors the VJP closes
+    over).
+
+    A gradient that is a dual tensor (forward mode over this backward) raises. One recorded with
+    ``create_graph=True`` is returned with a zero term attached, +0.0 in value, through x and ``stopped``: only a
+    derivative of it that reaches them, and so would miss J's own dependence on them, runs that term's hook,
+    which raises. A derivative w.r.t. anything else (a gradient penalty's weights outside f) is exact, and runs
+    nothing of it."""
     if not x.requires_grad or torch.compiler.is_compiling() or in_transform():
         return x
     v = x.view_as(x)
+    live = [t for t in (x, *stopped) if t.requires_grad]
 
-    def refuse_a_second_derivative(gradient: torch.Tensor) -> None:
-        if torch.is_grad_enabled() or forward_ad.unpack_dual(gradient).tangent is not None:  # type: ignore[no-untyped-call]
+    def refuse_a_second_derivative(gradient: torch.Tensor) -> torch.Tensor | None:
+        if forward_ad.unpack_dual(gradient).tangent is not None:  # type: ignore[no-untyped-call]
             raise LookupError(BEYOND_ORDER[1].format(name=name))
+        if not torch.is_grad_enabled():
+            return None
+        reached = sum((zero_with_slope(t, slope_is_negative=False).real.sum() for t in live),
+                      torch.zeros((), dtype=gradient.real.dtype, device=gradient.device))
+
+        def refuse(_: torch.Tensor) -> None:
+            raise LookupError(BEYOND_ORDER[1].format(name=name))
+
+        reached.register_hook(refuse)  # type: ignore[no-untyped-call]
+        return gradient - reached.to(gradient.dtype)  # −0.0 − (+0.0) is −0.0: the gradient bit for bit
 
     v.register_hook(refuse_a_second_derivative)  # type: ignore[no-untyped-call]
     return v
