@@ -130,3 +130,16 @@ def test_inside_tf_function_it_says_it_runs_eagerly():
     with pytest.raises(RuntimeError, match=r"check_gradient runs eagerly.*outside tf\.function"):
         traced(tf.constant([1.0]))
     assert check_gradient(tf.function(tf.math.softplus), tf.constant([1.0])).passed  # fn may be a tf.function
+
+
+@pytest.mark.parametrize("scale, passes", [(1.0, True), (1.1, False)])
+def test_a_function_computing_in_float32_from_a_float64_argument_is_checked_at_float32(scale, passes):
+    """Its graph computes in float32, so the differences take float32's step and tolerance; the gradient 10% off
+    still fails. The truth is the closed form σ(x)."""
+    def in_float32(x):
+        value = tf.cast(tf.math.softplus(tf.cast(x, tf.float32)), tf.float64)
+        return custom_gradient(value, scale * tf.math.sigmoid(x), x)
+
+    report = check_gradient(in_float32, tf.constant([-3.0, 0.5, 4.0], tf.float64))
+    assert report.passed == passes
+    assert {row.numeric_dtype for row in report.rows} == {"float32"}

@@ -67,3 +67,16 @@ def test_arguments_are_pytrees_each_leaf_checked_and_named():
     wrong = sgm.check_gradient(lambda t: sgm.custom_gradient(t[0] * t[1], 5.0 * t[1], t[0]), (2.0, 3.0))
     assert not wrong.passed  # a tuple is two leaves, not one stacked array: each leaf's wrong gradient is found
     assert sorted(row.leaf for row in wrong.rows if not row.passed) == ["[0]", "[0]", "[1]", "[1]"]
+
+
+@pytest.mark.parametrize("scale, passes", [(1.0, True), (1.1, False)])
+def test_a_function_computing_in_float32_from_a_float64_argument_is_checked_at_float32(float64, scale, passes):
+    """Its jaxpr computes in float32, so the differences take float32's step and tolerance; the gradient 10% off
+    still fails. The truth is the closed form σ(x)."""
+    def in_float32(x):
+        value = jnp.logaddexp(x.astype(jnp.float32), 0.0).astype(jnp.float64)
+        return sgm.custom_gradient(value, scale * jax.nn.sigmoid(x), x)
+
+    report = sgm.check_gradient(in_float32, jnp.array([-3.0, 0.5, 4.0], jnp.float64))
+    assert report.passed == passes
+    assert {row.numeric_dtype for row in report.rows} == {"float32"}

@@ -123,7 +123,8 @@ def test_a_mask_written_through_data_is_the_map_a_backward_applies():
         torch.testing.assert_close(MODES[mode](masked, X), MODES[mode](torch.relu, X))
 
 
-@pytest.mark.parametrize("case", ["with torch.no_grad()", "@once_differentiable", "a branch on torch.is_grad_enabled()"])
+@pytest.mark.parametrize("case", ["with torch.no_grad()", "@once_differentiable",
+                                  "a branch on torch.is_grad_enabled()"])
 def test_order_2_of_a_vjp_written_as_a_backward_has_the_exact_second_derivative(case):
     sin = _decorated(AS_BACKWARD[case], order=2)
     want = torch.func.hessian(lambda x: torch.exp(torch.sin(x)).sum())(X)
@@ -151,7 +152,7 @@ def test_a_decorated_call_inside_a_vjp_under_no_grad():
 def test_under_torch_compile_a_vjp_whose_autodiff_is_not_the_backwards_map_is_refused_naming_why(case):
     """A limit: under torch.compile the VJP is differentiated as Dynamo traces it, so a VJP whose autodiff would
     not be the map is refused at compilation, never embedded with a zero or another branch's derivative."""
-    with pytest.raises(RuntimeError, match="vjp of sin computes without grad mode .* under torch.compile"):
+    with pytest.raises(RuntimeError, match=r"vjp of sin computes without grad mode .* under torch\.compile"):
         COMPILED_MODES["compile(fullgraph) backward"](_decorated(AS_BACKWARD[case]), X)
 
 
@@ -175,7 +176,7 @@ def test_a_read_of_the_cotangents_value_is_refused_eagerly_naming_the_vjp(read):
     clip-by-norm would become the identity)."""
     f = sgm.custom_gradient(lambda x: (x * 2.0, READS[read]))
     x = X.clone().requires_grad_(True)
-    with pytest.raises(ValueError, match="vjp of <lambda> .* may not read its cotangent's value in Python"):
+    with pytest.raises(ValueError, match=r"vjp of <lambda> .* may not read its cotangent's value in Python"):
         f(x).sum().backward()
 
 
@@ -192,7 +193,7 @@ def test_reading_the_values_the_vjp_closes_over_is_allowed_eagerly():
 def test_a_compiled_function_called_inside_a_vjp_is_named():
     doubled = torch.compile(lambda ct: ct * 2.0)
     f = sgm.custom_gradient(lambda x: (x * 2.0, doubled))
-    with pytest.raises(ValueError, match="vjp of <lambda> calls a function compiled with torch.compile"):
+    with pytest.raises(ValueError, match=r"vjp of <lambda> calls a function compiled with torch\.compile"):
         MODES["backward"](f, X)
 
 

@@ -9,7 +9,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core
 
+from stopgrad_math.shared import tolerances
 from stopgrad_math.shared.gradient_report import (
     GradientReport,
     assert_passed,
@@ -92,22 +94,58 @@ def _numeric(fn: Callable[..., Any], point: _Point, index: int, weights: Sequenc
     return central_differences(total_at, np.asarray(point.leaves[index], np.float64), step_scale)
 
 
+def _reached_dtypes(jaxpr: Any, tainted: set[Any]) -> set[str]:
+    """The floating dtypes of the values a jaxpr computes from ``tainted`` (its variables), in order; inside an
+    equation with an inner jaxpr (jit, scan, custom_jvp), every value of the inner jaxpr."""
+    names: set[str] = set()
+    for eqn in jaxpr.eqns:
+        if not any(not isinstance(v, core.Literal) and v in tainted for v in eqn.invars):
+            continue
+        tainted.update(eqn.outvars)
+        names |= {str(v.aval.dtype) for v in eqn.outvars if hasattr(v.aval, "dtype")}
+        for inner in _inner_jaxprs(list(eqn.params.values())):
+            names |= _reached_dtypes(inner, set(inner.invars))
+    return names
+
+
+def _inner_jaxprs(values: list[Any]) -> list[Any]:
+    """The jaxprs among an equation's parameters (a ClosedJaxpr's own, and in tuples: cond's branches)."""
+    found = []
+    for value in values:
+        inner = getattr(value, "jaxpr", value)
+        if hasattr(inner, "eqns"):
+            found.append(inner)
+        elif isinstance(value, (tuple, list)):
+            found += _inner_jaxprs(list(value))
+    return found
+
+
+def _computed_in(fn: Callable[..., Any], point: _Point, index: int) -> str:
+    """The narrowest floating dtype fn computes in from leaf ``index`` (its own included), read from its jaxpr:
+    a float64 argument cast to float32 inside computes in float32."""
+    leaf = point.leaves[index]
+    closed = jax.make_jaxpr(lambda moved: fn(*point.args(index, moved)))(leaf)
+    return tolerances.narrowest({str(leaf.dtype), *_reached_dtypes(closed.jaxpr, set(closed.jaxpr.invars))})
+
+
 def _differences(fn: Callable[..., Any], point: _Point, index: int, weights: Sequence[np.ndarray],
                  step: float) -> tuple[np.ndarray, str]:
-    """In float64 where JAX has it on (x64) and fn takes it; else in the leaf's dtype, with the step
-    eps^(1/3) that balances truncation and rounding there."""
+    """In float64 where JAX has it on (x64) and fn computes in it from the leaf; else at the narrowest precision
+    fn computes in from it, with the step eps^(1/3) that balances truncation and rounding there."""
     wide = jax.dtypes.canonicalize_dtype(jnp.float64)
-    dtype = point.leaves[index].dtype
     if wide == jnp.float64:
         leaves = list(point.leaves)
         leaves[index] = leaves[index].astype(wide)
         widened = dataclasses.replace(point, leaves=leaves)
         try:
-            return _numeric(fn, widened, index, weights, step), "float64"
+            dtype = _computed_in(fn, widened, index)
+            eps = float(jnp.finfo(dtype).eps)  # type: ignore[no-untyped-call]  # jnp.finfo knows bfloat16
+            return _numeric(fn, widened, index, weights, step if dtype == "float64" else eps ** (1 / 3)), dtype
         except TypeError:  # fn mixes the argument with arrays of its own dtype in a way JAX refuses
             pass
-    eps = float(jnp.finfo(dtype).eps)  # type: ignore[no-untyped-call]  # jnp.finfo knows bfloat16, np.finfo not
-    return _numeric(fn, point, index, weights, eps ** (1 / 3)), str(dtype)
+    dtype = _computed_in(fn, point, index)
+    eps = float(jnp.finfo(dtype).eps)  # type: ignore[no-untyped-call]
+    return _numeric(fn, point, index, weights, eps ** (1 / 3)), dtype
 
 
 def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None, atol: float | None = None,
@@ -121,8 +159,9 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     floating output leaf; the report's computed and numeric values are
     derivatives of this weighted sum) is compared elementwise with central
     differences. The differences are taken in float64 where JAX has float64
-    on (``jax_enable_x64``), else in the argument's dtype with the step
-    eps^(1/3); the report says which. Tolerances and the rules for
+    on (``jax_enable_x64``) and fn computes in it, else at the narrowest
+    precision fn's jaxpr computes in from the argument, with the step
+    eps^(1/3) and that precision's tolerance; the report says which. Tolerances and the rules for
     non-finite values are the TensorFlow checker's; a report of nothing
     checked never passes.
 
@@ -137,8 +176,9 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     weights, fn_not_finite = output_weights(_output_values(fn, point.args()), seed)
     rows = []
     for index in (k for k, leaf in enumerate(point.leaves) if _floating(leaf)):
-        leaf_tolerance = tolerance(point.leaves[index].dtype, rtol, atol)
         numeric, numeric_dtype = _differences(fn, point, index, weights, step)
+        # at the precision fn computes in, and the leaf's (its derivative is computed at the leaf)
+        leaf_tolerance = tolerance(tolerances.narrowest({numeric_dtype, str(point.leaves[index].dtype)}), rtol, atol)
 
         def total(x: jax.Array, index: int = index) -> jax.Array:
             return _weighted_sum(fn, point.args(index, x), weights)

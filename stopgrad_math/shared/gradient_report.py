@@ -26,7 +26,7 @@ class ArgumentReport:
     numeric: float  # the finite-difference derivative there
     checked: int  # elements compared
     skipped: int  # elements where fn or its finite difference is not finite
-    numeric_dtype: str  # float64, or the argument's dtype where fn cannot take float64
+    numeric_dtype: str  # float64, or the narrowest dtype fn computes in from the argument
     leaf: str = ""  # where in the argument, for a nest or pytree: "['scale']", "[0]"
 
 

@@ -16,6 +16,7 @@ Every value is a multiple of the dtype's machine epsilon ε (2⁻¹⁰ float16,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ _TABLE: dict[str, dict[str, float]] = {
     "float64": {"transpose": 2.0**-26, "superposition": 1e-9, "finite_differences": 1e-6},
 }
 _REAL_PART = {"complex64": "float32", "complex128": "float64"}
+_EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
 
 
 def rtol(dtype: Any, check: str) -> float:
@@ -38,3 +40,16 @@ def rtol(dtype: Any, check: str) -> float:
     name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or np.dtype(dtype).name
     name = name.removesuffix("_ref")  # a TF1 reference dtype reads as its value's
     return _TABLE[_REAL_PART.get(name, name)][check]
+
+
+def narrowest(names: Iterable[str]) -> str:
+    """Of floating dtypes' names, the one with the largest machine epsilon: the precision a computation that
+    runs in all of them is good to (a checker's differences and tolerances are taken at it). Names of other
+    dtypes are passed over; none known gives "float64"."""
+    known = [_REAL_PART.get(name, name) for name in names if _REAL_PART.get(name, name) in _EPS]
+    return max(known, key=_EPS.__getitem__, default="float64")
+
+
+def eps(name: str) -> float:
+    """The machine epsilon of a floating dtype, by name."""
+    return _EPS[_REAL_PART.get(name, name)]

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from stopgrad_math.shared import tolerances
 from stopgrad_math.shared.gradient_report import (
     ArgumentReport,
     GradientReport,
@@ -74,17 +75,46 @@ def _forward(fn: Callable[..., Any], args: Sequence[Any], index: int, weights: S
     return result
 
 
+def _computed_in(fn: Callable[..., Any], args: Sequence[Any], index: int) -> str:
+    """The narrowest floating dtype fn computes in from args[index] (its own included), read from the graph
+    tf.function traces of it: a float64 argument cast to float32 inside computes in float32. Where fn cannot be
+    traced, the argument's own dtype."""
+    x = args[index]
+    names = {str(x.dtype.name)}
+
+    def of_x(moved: tf.Tensor) -> Any:
+        return fn(*[moved if j == index else a for j, a in enumerate(args)])
+
+    try:
+        graph = tf.function(of_x).get_concrete_function(tf.TensorSpec(x.shape, x.dtype)).graph
+    except Exception:  # fn reads values in Python, or is otherwise not traceable: its argument's dtype
+        return str(x.dtype.name)
+    reached = {graph.inputs[0].ref()}
+    for op in graph.get_operations():
+        if any(t.ref() in reached for t in op.inputs):
+            reached.update(t.ref() for t in op.outputs)
+            names |= {t.dtype.name for t in op.outputs if is_floating(t.dtype)}
+    return tolerances.narrowest(names)
+
+
 def _numeric_preferring_float64(
     fn: Callable[..., Any], args: Sequence[Any], index: int, weights: Sequence[np.ndarray], step: float
 ) -> tuple[np.ndarray, str]:
+    """In float64 where fn takes it and computes in it from the argument; else at the narrowest precision fn
+    computes in from it, with the step eps^(1/3) that balances truncation and rounding there."""
     args64 = [tf.cast(a, tf.float64) if j == index else a for j, a in enumerate(args)]
     try:
-        return _numeric(fn, args64, index, weights, step), "float64"
+        dtype = _computed_in(fn, args64, index)
+        return _numeric(fn, args64, index, weights, step if dtype == "float64" else _step(dtype)), dtype
     except (TypeError, ValueError, tf.errors.InvalidArgumentError):
-        # fn mixes the argument with tensors of its own dtype: difference in that
-        # dtype, with the step that balances truncation and rounding there.
-        dtype = args[index].dtype
-        return _numeric(fn, args, index, weights, float(np.finfo(dtype.as_numpy_dtype).eps) ** (1 / 3)), dtype.name
+        # fn mixes the argument with tensors of its own dtype: difference in that dtype
+        dtype = _computed_in(fn, args, index)
+        return _numeric(fn, args, index, weights, _step(dtype)), dtype
+
+
+def _step(dtype: str) -> float:
+    """eps^(1/3): the step that balances truncation and rounding in the dtype."""
+    return float(tolerances.eps(dtype) ** (1 / 3))
 
 
 def _point(value: Any, index: int) -> Any:
@@ -163,8 +193,9 @@ def check_gradient(
     weights, fn_not_finite = output_weights(_output_values(fn, points), seed)
     rows = []
     for i in floating:
-        leaf_tolerance = tolerance(points[i].dtype, rtol, atol)
         numeric, numeric_dtype = _numeric_preferring_float64(fn, points, i, weights, step)
+        # at the precision fn computes in, and the leaf's (its derivative is computed at the leaf)
+        leaf_tolerance = tolerance(tolerances.narrowest({numeric_dtype, points[i].dtype.name}), rtol, atol)
         for mode, derivative in (("reverse", _reverse), ("forward", _forward)):
             computed = derivative(fn, points, i, weights)
             rows.append(compare(i, mode, computed, numeric, leaf_tolerance, numeric_dtype, fn_not_finite))

@@ -10,7 +10,9 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as forward_ad
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from stopgrad_math.shared import tolerances
 from stopgrad_math.shared.gradient_report import (
     GradientReport,
     assert_passed,
@@ -28,19 +30,41 @@ def _floating(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
 
 
-class _NotInFloat64(Exception):
-    """fn computed an output in a narrower dtype from float64 arguments (a tensor of its own, or PyTorch's rule
-    that a 0-d tensor does not promote a dimensioned one): its differences are not float64's."""
+class _Reached(TorchDispatchMode):
+    """Records the floating dtypes of every tensor an op computes from ``source`` (or from what was computed
+    from it): the precisions fn computes in from that argument."""
+
+    def __init__(self, source: torch.Tensor):
+        super().__init__()
+        self.reached: dict[int, torch.Tensor] = {id(source): source}  # held, so that no id is reused meanwhile
+        self.dtypes: set[torch.dtype] = {source.dtype}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if any(isinstance(t, torch.Tensor) and id(t) in self.reached for t in pytree.tree_leaves((args, kwargs))):
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.reached[id(t)] = t
+                    if t.dtype.is_floating_point:
+                        self.dtypes.add(t.dtype)
+        return out
 
 
-def _weighted_sum(fn: Callable[..., Any], args: Sequence[Any], weights: Sequence[torch.Tensor],
-                  float64_only: bool = False) -> torch.Tensor:
+def _computed_in(fn: Callable[..., Any], args: tuple[Any, ...], leaf: torch.Tensor) -> torch.dtype:
+    """The narrowest floating dtype fn computes in from ``leaf`` (one of ``args``): read from the ops it runs
+    (a float64 argument cast to float32 inside, as Keras's torch backend does, computes in float32)."""
+    reached = _Reached(leaf)
+    with torch.no_grad(), reached:
+        fn(*args)
+    names = {str(dtype).removeprefix("torch.") for dtype in reached.dtypes}
+    return getattr(torch, tolerances.narrowest(names))  # type: ignore[no-any-return]
+
+
+def _weighted_sum(fn: Callable[..., Any], args: Sequence[Any], weights: Sequence[torch.Tensor]) -> torch.Tensor:
     """⟨w, fn(*args)⟩ over every floating output leaf, in float64 (w is zero where the output is not finite)."""
     total = torch.zeros((), dtype=torch.float64)
     for out, w in zip(pytree.tree_leaves(fn(*args)), weights, strict=True):
         if _floating(out):
-            if float64_only and out.dtype != torch.float64:
-                raise _NotInFloat64
             w = w.to(out.device)
             total = total + torch.where(w == 0, 0.0, out.to(torch.float64) * w).sum().cpu()
     return total
@@ -92,32 +116,34 @@ def _leaf_point(value: Any, path: tuple[Any, ...]) -> Any:
     return value
 
 
-def _numeric(fn: Callable[..., Any], point: _Point, index: int, weights: Sequence[torch.Tensor],
-             step_scale: float, wide: bool) -> np.ndarray:
-    """Central differences of ⟨w, fn⟩ w.r.t. every element of leaf ``index``, moved in NumPy: ``wide``, with every
-    floating argument in float64; else in the arguments' own dtypes."""
-    leaves = [leaf.to(torch.float64) if wide and _floating(leaf) else leaf for leaf in point.leaves]
-    at = dataclasses.replace(point, leaves=leaves)
-    moving = leaves[index]
+def _numeric(fn: Callable[..., Any], at: _Point, index: int, weights: Sequence[torch.Tensor],
+             step_scale: float) -> np.ndarray:
+    """Central differences of ⟨w, fn⟩ w.r.t. every element of leaf ``index`` of ``at``, moved in NumPy."""
+    moving = at.leaves[index]
 
     def total_at(moved: np.ndarray) -> float:
         with torch.no_grad():
             moved_leaf = torch.as_tensor(moved, dtype=torch.float64).to(dtype=moving.dtype, device=moving.device)
-            return float(_weighted_sum(fn, at.args(index, moved_leaf), weights, float64_only=wide))
+            return float(_weighted_sum(fn, at.args(index, moved_leaf), weights))
 
     return central_differences(total_at, moving.detach().to(torch.float64).cpu().numpy(), step_scale)
 
 
 def _differences(fn: Callable[..., Any], point: _Point, index: int, weights: Sequence[torch.Tensor],
                  step: float) -> tuple[np.ndarray, str]:
-    """In float64 where fn computes in it from float64 arguments; else in the leaf's dtype, with the step
-    eps^(1/3) that balances truncation and rounding there."""
-    dtype = point.leaves[index].dtype
+    """Central differences, and the dtype they are taken at: the narrowest fn computes in from the leaf. With every
+    floating argument in float64 where fn then computes in float64 from it (a 0-d float64 tensor does not promote
+    a float32 one, and a function may cast down inside); else with the arguments as they are, and the step
+    eps^(1/3) that balances truncation and rounding in the dtype fn computes in."""
+    wide = dataclasses.replace(point, leaves=[leaf.to(torch.float64) if _floating(leaf) else leaf
+                                              for leaf in point.leaves])
     try:
-        return _numeric(fn, point, index, weights, step, wide=True), "float64"
-    except (RuntimeError, _NotInFloat64):  # fn mixes the arguments with tensors of its own dtype
-        eps = torch.finfo(dtype).eps
-        return _numeric(fn, point, index, weights, eps ** (1 / 3), wide=False), str(dtype).removeprefix("torch.")
+        if _computed_in(fn, wide.args(), wide.leaves[index]) == torch.float64:
+            return _numeric(fn, wide, index, weights, step), "float64"
+    except RuntimeError:  # fn mixes the arguments with tensors of its own dtype
+        pass
+    dtype = _computed_in(fn, point.args(), point.leaves[index])
+    return _numeric(fn, point, index, weights, torch.finfo(dtype).eps ** (1 / 3)), str(dtype).removeprefix("torch.")
 
 
 def _reverse(total: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -153,8 +179,10 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     fixed random weights over every floating output leaf; the report's
     computed and numeric values are derivatives of this weighted sum) is
     compared elementwise with central differences, taken with every floating
-    argument in float64 (in the arguments' dtypes, with the step eps^(1/3),
-    where fn does not compute in float64 from them; the report says which).
+    argument in float64 where fn computes in float64 from it; else at the
+    narrowest precision its ops compute in from the argument (a float64
+    argument cast to float32 inside is checked at float32's step and
+    tolerance); the report says which.
     Tolerances and the rules for non-finite values are the TensorFlow
     checker's; a report of nothing checked never passes.
 
@@ -170,8 +198,10 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     weights = [torch.as_tensor(w, dtype=torch.float64) for w in values]
     rows = []
     for index in (k for k, leaf in enumerate(point.leaves) if _floating(leaf)):
-        leaf_tolerance = tolerance(str(point.leaves[index].dtype).removeprefix("torch."), rtol, atol)
         numeric, numeric_dtype = _differences(fn, point, index, weights, step)
+        # at the precision fn computes in, and the leaf's (its derivative is computed at the leaf)
+        leaf_dtype = str(point.leaves[index].dtype).removeprefix("torch.")
+        leaf_tolerance = tolerance(tolerances.narrowest({numeric_dtype, leaf_dtype}), rtol, atol)
 
         def total(x: torch.Tensor, index: int = index) -> torch.Tensor:
             return _weighted_sum(fn, point.args(index, x), weights)

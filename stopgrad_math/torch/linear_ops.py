@@ -392,7 +392,7 @@ def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int
 
     count = len(examples) if cotangents is None else cotangents
     mode: Literal["real", "fake"] = "fake" if fake else "real"
-    with torch.no_grad(), torch.autograd.forward_ad._set_fwd_grad_enabled(False):  # type: ignore[no-untyped-call]
+    with torch.no_grad(), torch.autograd.forward_ad._set_fwd_grad_enabled(False):
         if fake:
             recorded = make_fx(function, tracing_mode="fake", _allow_non_fake_inputs=True,
                                _error_on_data_dependent_ops=True)(*examples)
