@@ -189,13 +189,13 @@ def test_a_gradient_reversal_layer():
     np.testing.assert_allclose(forward(lambda x: layer(x) * 3.0, X), np.full(4, -1.5))
 
 
-def _trained(activation, steps=5, policy="float32"):
+def _trained(activation, steps=5, policy="float32", jit_compile=False):
     keras.mixed_precision.set_global_policy(policy)
     try:
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(8), keras.layers.Activation(activation),
                                   keras.layers.Dense(1, dtype="float32")])
-        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=jit_compile)
         rng = np.random.default_rng(0)
         inputs, targets = rng.normal(size=(64, 2)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
         model.fit(inputs, targets, batch_size=16, epochs=steps, shuffle=False, verbose=0)
@@ -217,6 +217,19 @@ def test_model_fit_with_a_custom_gradient_activation_reaches_the_same_weights(po
     for truth in truths:
         for got, expected in zip(ours, truth, strict=True):
             np.testing.assert_allclose(got, expected, rtol=1e-3 if half else 1e-5, atol=1e-4 if half else 1e-6)
+
+
+@pytest.mark.parametrize("form", ["decorator", "identity"])
+def test_model_fit_compiled_with_jit_compile_matches_the_uncompiled_run(form):
+    """model.compile(jit_compile=True): XLA on TensorFlow, jax.jit on JAX, torch.compile on torch, which traces the
+    namespace's lookup and the decorator's call; the weights are the uncompiled run's, and softplus's (the same
+    function autodiffed), to a compiler's reordering of float32 sums."""
+    activation = log1pexp_with(sgk.custom_gradient) if form == "decorator" else (
+        lambda x: sgk.custom_gradient(ops.logaddexp(x, 0.0), ops.sigmoid(x), x))
+    compiled, _ = _trained(activation, jit_compile=True)
+    for truth in (_trained(activation)[0], _trained(ops.softplus, jit_compile=True)[0]):
+        for got, expected in zip(compiled, truth, strict=True):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_the_helpers_run_on_the_backend():

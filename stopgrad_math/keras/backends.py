@@ -11,7 +11,6 @@ backend's array, as Keras's own ``ops.custom_gradient`` does on JAX.
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 from typing import Any
 
@@ -25,13 +24,32 @@ def backend() -> str:
     return str(keras.backend.backend())
 
 
+_RESOLVED: dict[str, ModuleType] = {}  # by backend: each namespace imported once
+
+
 def namespace() -> ModuleType:
-    """The stopgrad_math namespace of Keras's backend; NotImplementedError naming a backend it has none for."""
+    """The stopgrad_math namespace of Keras's backend, imported at its first call and looked up after that (so
+    that torch.compile, which traces no import, traces the lookup); NotImplementedError naming a backend it has
+    none for."""
     name = backend()
+    if name in _RESOLVED:
+        return _RESOLVED[name]
     if name not in NAMESPACES:
         raise NotImplementedError(f"stopgrad_math.keras runs on Keras's {', '.join(NAMESPACES)} backends; this Keras "
                                   f"runs on {name!r} (set KERAS_BACKEND to one of them).")
-    return importlib.import_module(NAMESPACES[name])
+    _RESOLVED[name] = _imported(name)
+    return _RESOLVED[name]
+
+
+def _imported(name: str) -> ModuleType:
+    """The namespace imported by import statements, which torch.compile's tracer runs (it skips importlib)."""
+    if name == "tensorflow":
+        import stopgrad_math.tensorflow as module
+    elif name == "jax":
+        import stopgrad_math.jax as module  # type: ignore[no-redef]
+    else:
+        import stopgrad_math.torch as module  # type: ignore[no-redef]
+    return module
 
 
 def values(tree: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 from stopgrad_math.keras.backends import backend, namespace, values
 from stopgrad_math.shared import arguments
-from stopgrad_math.shared.grad_fn_signature import signature
+from stopgrad_math.shared.grad_fn_signature import upstream_by_keyword
 
 
 def in_keras_conventions(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -26,7 +26,7 @@ def in_keras_conventions(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)
     def returning_a_vjp(*args: Any, **kwargs: Any) -> tuple[Any, Callable[[Any], Any]]:
         y, grad = arguments.call_f(f, args, kwargs)
-        if signature(grad).upstream_keyword:  # read once per code object, as the TensorFlow namespace does
+        if upstream_by_keyword(grad):
             keyword_grad: Callable[..., Any] = grad
             return y, lambda ct: keyword_grad(upstream=ct)
         return y, grad

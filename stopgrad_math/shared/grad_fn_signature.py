@@ -57,3 +57,14 @@ def signature(grad_fn: Callable[..., Any]) -> Signature:
     if code is None or inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__"):
         return _signature_of_parameters(_parameters(grad_fn))
     return _SIGNATURES.get(code) or _SIGNATURES.put(code, _signature_of_parameters(_parameters(grad_fn)))
+
+
+def upstream_by_keyword(grad_fn: Callable[..., Any]) -> bool:
+    """Whether grad_fn takes ``upstream`` as a keyword-only parameter (Keras's torch convention). A plain function
+    is read from its code object's own fields, which torch.compile's tracer reads too (it does not trace
+    ``inspect``); anything else from ``signature``."""
+    code = getattr(grad_fn, "__code__", None)
+    if code is None or inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__"):
+        return signature(grad_fn).upstream_keyword
+    first = code.co_argcount
+    return "upstream" in code.co_varnames[first:first + code.co_kwonlyargcount]
