@@ -656,3 +656,32 @@ def test_complex_zero_upstream_gives_zero_gradient_where_gx_is_inf():
     gx = tf.constant([complex(np.inf, 0), 2.0 + 1j], tf.complex128)
     _, grad = complex_vjp(lambda x: custom_gradient(x, gx, x), x, tf.constant([0.0, 1.0 + 0j], tf.complex128))
     np.testing.assert_array_equal(grad, [0.0, 2.0 - 1j])  # conj(g)·upstream
+
+
+def test_per_sample_values_take_tfps_rule_and_the_readmes_two_per_sample_ways_give_each_sample_its_gradient():
+    """fx (B,), x and gx (B, D): neither the Jacobian nor elementwise, so gx is read by tfp's rule, as the
+    gradient of sum(fx), which a weighted loss Σ wᵢ·hᵢ turns into (Σw / B)·gx (the README says so: a limit of the
+    layout, tested as that); the README's per-sample ways, the decorator's VJP and the Jacobian, give wᵢ·gxᵢ,
+    the closed form."""
+    b, d = 3, 2
+    x = tf.constant(np.arange(b * d, dtype=np.float64).reshape(b, d) / 4.0)
+    gx = tf.cos(x)
+    fx = tf.reduce_sum(tf.sin(x), axis=1)
+    w = tf.constant([1.0, -2.0, 0.5], tf.float64)
+
+    def gradient(h_of):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(w * h_of(x))
+        return tape.gradient(loss, x)
+
+    spread = gradient(lambda x: custom_gradient(fx, gx, x))
+    np.testing.assert_allclose(spread, tf.reduce_sum(w) / b * gx)
+
+    @custom_gradient
+    def per_sample(x):
+        return fx, lambda ct: ct[:, None] * gx
+
+    jacobian = gx[:, None, :] * tf.eye(b, dtype=tf.float64)[:, :, None]
+    for got in (gradient(per_sample), gradient(lambda x: custom_gradient(fx, jacobian, x))):
+        np.testing.assert_allclose(got, w[:, None] * tf.cos(x))
