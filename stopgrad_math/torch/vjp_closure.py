@@ -4,15 +4,17 @@ Under ``torch.func`` the tensors a VJP closes over are the transforms'
 wrappers (a ``BatchedTensor`` under ``vmap``), which ``make_fx`` cannot
 trace outside their transform, and inside it would trace them wrongly.
 ``lifted`` opens the VJP: the tensors in its closure and its defaults (in
-tuples, lists and dicts, and in the functions it closes over, two levels
-deep) become a list, and ``rebuild(tensors)`` makes the same VJP over
+tuples, lists and dicts, in the functions it closes over and in the
+attributes of plain objects it holds (a Function's ctx), two levels deep)
+become a list, and ``rebuild(tensors)`` makes the same VJP over
 others, here plain stand-ins of the same shapes and dtypes. What it cannot
-open (an object's attributes, a global) stays as it is; a VJP that reads a
+open (a global, a torch object's attributes) stays as it is; a VJP that reads a
 wrapped tensor that way is found when it is traced.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 from collections.abc import Callable
@@ -68,7 +70,33 @@ def _value(value: Any, depth: int, tensors: list[torch.Tensor]) -> Rebuild:
         return lambda new: {k: build(new) for k, build in items.items()}
     if isinstance(value, types.FunctionType) and depth > 0:
         return _function(value, depth - 1, tensors)
+    if _is_plain_object(value) and depth > 0:
+        return _object(value, depth - 1, tensors)
     return lambda new: value
+
+
+def _is_plain_object(value: Any) -> bool:
+    """An instance of a user's class that keeps its state in ``__dict__`` (a Function's ctx, a small record): not a
+    module, a class, a function, nor one of torch's own objects (a Module's parameters are its own business)."""
+    kind = type(value)
+    return (hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType, types.FunctionType,
+                                                                  types.MethodType))
+            and not kind.__module__.startswith("torch") and kind.__module__ != "builtins")
+
+
+def _object(value: Any, depth: int, tensors: list[torch.Tensor]) -> Rebuild:
+    """An object whose attributes hold tensors: rebuilt as a shallow copy with those attributes rebuilt."""
+    attributes = {name: _value(v, depth, tensors) for name, v in vars(value).items()}
+    if len(tensors) == 0 or not any(isinstance(v, (torch.Tensor, tuple, list, dict)) for v in vars(value).values()):
+        return lambda new: value
+
+    def rebuild(new: list[torch.Tensor]) -> Any:
+        made = copy.copy(value)
+        for name, build in attributes.items():
+            setattr(made, name, build(new))
+        return made
+
+    return rebuild
 
 
 def _cell(cell: Any, depth: int, tensors: list[torch.Tensor]) -> Callable[[list[torch.Tensor]], Any]:
