@@ -189,7 +189,7 @@ class LinearWithSetupContext(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight, bias = ctx.saved_tensors
+        x, weight, _ = ctx.saved_tensors
         grads = [None, None, None]
         if ctx.needs_input_grad[0]:
             grads[0] = grad.mm(weight)
