@@ -94,7 +94,16 @@ def _never_checks(original):
 
 def _proves_nothing_while_compiling(original):
     """Every differentiable argument leaf taken for linear under torch.compile, unproven."""
-    return lambda f, leaves, kwargs, outputs, names, order: list(leaves.differentiable)
+    return lambda f, leaves, kwargs, outputs, names, order: (list(leaves.differentiable), None, None)
+
+
+def _compiled_as_written(original):
+    """Under torch.compile the VJP differentiated as Dynamo traces it, its proven map and transpose dropped: a VJP
+    under no_grad is embedded without its derivative (a silent 0)."""
+    def proven(*args):
+        kept, _, _ = original(*args)
+        return kept, None, None
+    return proven
 
 
 def _upstream_never_by_keyword(original):
@@ -236,6 +245,9 @@ MUTANTS = {
     "the PyTorch decorator differentiates the VJP as written, no_grad and all": Mutant(
         "stopgrad_math.torch.decorator_form", "_proven", _differentiates_the_vjp_as_written,
         (f"{_AS_BACKWARD}::test_a_vjp_written_as_a_backward_gets_the_derivative_of_the_map_a_backward_applies",)),
+    "the PyTorch decorator differentiates the VJP as written under torch.compile": Mutant(
+        "stopgrad_math.torch.decorator_form", "_proven_while_compiling", _compiled_as_written,
+        (f"{_AS_BACKWARD}::test_under_torch_compile_a_vjp_written_as_a_backward_gets_the_derivative_of_its_map",)),
     "the PyTorch decorator takes a read of the cotangent for the map": Mutant(
         "stopgrad_math.torch.linear_ops", "unreadable", _readable_cotangents,
         (f"{_AS_BACKWARD}::test_a_read_of_the_cotangents_value_is_refused_eagerly_naming_the_vjp",)),

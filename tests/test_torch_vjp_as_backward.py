@@ -147,13 +147,34 @@ def test_a_decorated_call_inside_a_vjp_under_no_grad():
         torch.testing.assert_close(MODES[mode](f, X), 2.0 * X)
 
 
-@pytest.mark.parametrize("case", ["with torch.no_grad()", "inference_mode", "a branch on torch.is_grad_enabled()",
-                                  "ct changed in place", "ct.detach()"])
-def test_under_torch_compile_a_vjp_whose_autodiff_is_not_the_backwards_map_is_refused_naming_why(case):
-    """A limit: under torch.compile the VJP is differentiated as Dynamo traces it, so a VJP whose autodiff would
-    not be the map is refused at compilation, never embedded with a zero or another branch's derivative."""
+COMPILABLE = [c for c in AS_BACKWARD if c != "@once_differentiable"]  # Dynamo cannot trace it applied inside f
+
+
+@pytest.mark.parametrize("mode", COMPILED_MODES)
+@pytest.mark.parametrize("case", COMPILABLE)
+def test_under_torch_compile_a_vjp_written_as_a_backward_gets_the_derivative_of_its_map(case, mode):
+    """f and its VJP closing over nothing from outside: the map traced as a backward runs, and its transpose, run
+    inside the compiled graph (AOTAutograd differentiates their ATen ops)."""
+    torch.testing.assert_close(COMPILED_MODES[mode](_decorated(AS_BACKWARD[case]), X), torch.cos(X))
+
+
+WEIGHT = torch.tensor([1.5, -0.5, 2.0, 0.25], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("case", ["with torch.no_grad()", "a branch on torch.is_grad_enabled()", "ct.detach()"])
+def test_under_torch_compile_a_vjp_closing_over_an_outside_tensor_whose_autodiff_is_not_its_map_is_refused(case):
+    """A limit: a VJP that closes over a tensor from outside f (a weight, whose value the compiled graph must read
+    at each call) is differentiated as Dynamo traces it; one whose autodiff would not be the map a backward
+    applies is refused at compilation, naming why, never embedded with a zero or another branch's derivative."""
+    make_vjp = AS_BACKWARD[case]
+
+    @sgm.custom_gradient
+    def sin(x):
+        vjp = make_vjp(x)
+        return torch.sin(x) * WEIGHT, lambda ct: vjp(ct * WEIGHT)
+
     with pytest.raises(RuntimeError, match=r"vjp of sin computes without grad mode .* under torch\.compile"):
-        COMPILED_MODES["compile(fullgraph) backward"](_decorated(AS_BACKWARD[case]), X)
+        COMPILED_MODES["compile(fullgraph) backward"](sin, X)
 
 
 # ---------------------------------------------------------------- reads of the cotangent

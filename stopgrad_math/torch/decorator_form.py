@@ -170,22 +170,32 @@ def _shape_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, torch
     return tuple(len(range(n)) for n in tensor.shape), tensor.dtype, tensor.device
 
 
+Linear = Callable[..., list[torch.Tensor]]
+
+
 def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], outputs: Leaves,
-                            names: list[str], order: int) -> list[int]:
+                            names: list[str], order: int) -> tuple[list[int], Linear | None, Linear | None]:
     """``_proven`` where Dynamo traces the call. The VJP there is Dynamo's variable, not a function make_fx can
     trace again, so ``_stopgrad_math_proof`` traces f and its VJP anew, on fake tensors of the arguments' shapes:
     a constant of the graph to Dynamo, made as it traces, and again when it recompiles for another f, shape or
     dtype. What it is given must be constants to Dynamo: the nest ``(args, kwargs)`` with every leaf None, then
     each tensor leaf as (shape, dtype, device) and each other leaf as itself, one argument apiece (an object or a
-    module is taken as it is there, guarded by its identity, and not inside a tuple)."""
+    module is taken as it is there, guarded by its identity, and not inside a tuple). Where the proof registered
+    the map and its transpose (``_registered``), they come back as functions of y's cotangents and of v, run on
+    f's arguments stopped; else None, and the VJP is differentiated as Dynamo traces it."""
     nest = (leaves.with_values({}), kwargs)
     flat = pytree.tree_leaves(nest)
     skeleton = pytree.tree_map(lambda v: None, nest)
     tensors = tuple(k for k, v in enumerate(flat) if isinstance(v, torch.Tensor))
     order = 1 if order == 1 else 2  # a constant: with dynamic=True Dynamo takes a closed-over int for an input
-    return list(_stopgrad_math_proof(f, tuple(names), order, skeleton, tensors,
-                                     tuple(_shape_of(t) for t in outputs.tensors()),
-                                     *[_shape_of(v) if isinstance(v, torch.Tensor) else v for v in flat]))
+    key, *kept = _stopgrad_math_proof(f, tuple(names), order, skeleton, tensors,
+                                      tuple(_shape_of(t) for t in outputs.tensors()),
+                                      *[_shape_of(v) if isinstance(v, torch.Tensor) else v for v in flat])
+    if key < 0:
+        return kept, None, None
+    stopped = [identity.stop(flat[k]) for k in tensors]
+    return (kept, lambda *cts: list(_run_compiled(key, *cts, *stopped)),
+            lambda *vs: list(_run_compiled(key + 1, *vs, *stopped)))
 
 
 @torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
@@ -216,6 +226,9 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
                         for shape, dtype, device in [*cotangents, *(flat[k] for k in tensors)]]
             traced = linear_ops.trace(vjp_of_f, *examples, cotangents=count, fake=True)
             kept = _proven_states(read[-1], traced.states())
+            if kept and order == 1 and traced.literals == set(range(len(traced.constants))):
+                return (_registered(traced, [read[-1].found.index(k) for k in kept],
+                                    [examples[count + tensors.index(k)] for k in kept], examples, count), *kept)
             as_written = linear_ops.differentiated_as_traced(vjp_of_f, *examples, traced=traced)
     except (ValueError, TypeError, LookupError):
         raise
@@ -229,7 +242,48 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
                          "differentiates the vjp as written, which would not give that map: there, write the vjp "
                          "in grad mode with no stop on the cotangent's path, or call the decorated function "
                          "outside torch.compile.")
-    return tuple(kept)
+    return (-1, *kept)
+
+
+_COMPILED: dict[int, torch.fx.GraphModule] = {}
+"""The maps compiled calls run (``_run_compiled``), by key: two for each compilation of a decorated call whose f
+and VJP close over no tensor from outside, kept as long as the compiled code that calls them (which Dynamo keeps
+for the process, bounded by its recompile limit)."""
+
+
+def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
+                examples: list[torch.Tensor], count: int) -> int:
+    """Keys of two graphs of ATen ops for a compiled call, from f and its VJP traced as a backward runs, with the
+    tensors of f's arguments as their last inputs: at ``key``, the VJP's map from y's cotangents to those of the
+    kept argument leaves (``positions`` among the traced outputs); at ``key + 1``, its transpose, J·v, from v in
+    the kept leaves' shapes. Inside the compiled graph AOTAutograd differentiates their ops, so a VJP under
+    no_grad or with a branch on grad mode is embedded as the map a backward applies, as it is eagerly."""
+    rest = len(examples) - count
+
+    def vjp_map(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(traced.linear([*values[count:], *traced.constants], positions)(*values[:count]))
+
+    def transposed(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        vs, flat = values[:len(positions)], values[len(positions):]
+        linear = traced.linear([*flat, *traced.constants], positions)
+        cotangents = [torch.zeros(e.shape, dtype=e.dtype, device=e.device) for e in examples[:count]]
+        return tuple(torch.func.vjp(linear, *cotangents)[1](list(vs)))
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    key = 2 * len(_COMPILED)
+    _COMPILED[key] = make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+    _COMPILED[key + 1] = make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True)(
+        *[torch.empty_like(e) for e in kept_examples], *examples[len(examples) - rest:])  # (distinct: make_fx
+    # binds its inputs by identity)
+    return key
+
+
+@torch._dynamo.allow_in_graph  # type: ignore[untyped-decorator]
+def _run_compiled(key: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A map ``_registered`` made, in a compiled graph: Dynamo keeps the call, and AOTAutograd traces its ATen ops
+    and differentiates them."""
+    return tuple(_COMPILED[key](*tensors))
 
 
 # ---------------------------------------------------------------- the embedding
@@ -255,10 +309,11 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], or
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp
 
 
-def _attached(linear: Callable[..., list[torch.Tensor]], outputs: Leaves, xs: list[torch.Tensor],
-              examples: list[torch.Tensor], order: int) -> Any:
+def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], examples: list[torch.Tensor], order: int,
+              transposed: Linear | None = None) -> Any:
     """y with each differentiable output's zero term attached; ``linear``: the proven VJP, from the cotangents of
-    y's differentiable leaves to those of ``xs``."""
+    y's differentiable leaves to those of ``xs``; ``transposed``: its transpose J·v where it is at hand (else the
+    pullback of torch.func.vjp of ``linear``)."""
     if _one_element(outputs, xs):  # the identity form, with the Jacobian's one row vjp(1)
         index = outputs.differentiable[0]
         value = outputs.values[index]
@@ -267,8 +322,7 @@ def _attached(linear: Callable[..., list[torch.Tensor]], outputs: Leaves, xs: li
                  for x, g in zip(xs, gradients, strict=True)]
         return outputs.with_values({index: identity.attach(value, [t.reshape(value.shape) for t in terms])})
     zeros = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
-    pullback = torch.func.vjp(linear, *examples)[1]
-    products = pullback(zeros)
+    products = transposed(*zeros) if transposed is not None else torch.func.vjp(linear, *examples)[1](zeros)
     return outputs.with_values({k: identity.attach(outputs.values[k], [identity.zero_with_derivative_of(p, zeros)])
                                 for k, p in zip(outputs.differentiable, products, strict=True)})
 
@@ -287,9 +341,10 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     examples = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in outputs.tensors()]
     compiling = torch.compiler.is_compiling()
     closed_over: list[torch.Tensor] = []
+    transposed = None
     if compiling:
-        kept = _proven_while_compiling(f, leaves, kwargs, outputs, names, order)
-        linear = cotangents.of(vjp, kept)
+        kept, registered, transposed = _proven_while_compiling(f, leaves, kwargs, outputs, names, order)
+        linear = cotangents.of(vjp, kept) if registered is None else registered
     else:
         kept, linear, closed_over = _proven(cotangents, vjp, examples, order)
     xs = [leaves.values[k] for k in kept]
@@ -301,7 +356,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         second_derivative_guard.check([*xs, *closed_over], order, name)
         if order == 1:
             xs = [second_derivative_guard.hooked(x, closed_over, name) for x in xs]
-    return _attached(linear, outputs, xs, examples, order)
+    return _attached(linear, outputs, xs, examples, order, transposed)
 
 
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:

@@ -307,6 +307,7 @@ class Traced:
     arguments: int
     zeros: frozenset[int] = frozenset()
     recorded: tuple[str, ...] = ()  # the ops as the function ran them, before functionalization, detach aside
+    literals: frozenset[int] = frozenset()  # the constants (by index) made inside from numbers, not closed over
 
     def states(self) -> list[Judged]:
         """The state of each output (``judge``)."""
@@ -399,11 +400,12 @@ def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int
         else:
             recorded = make_fx(function, _error_on_data_dependent_ops=False)(
                 *unreadable(examples[:count]), *examples[count:])
-        constants, zeros = _lifted(recorded)
+        constants, zeros, literals = _lifted(recorded)
         functional = make_fx(torch.func.functionalize(recorded), tracing_mode=mode, _allow_non_fake_inputs=fake,
                              _error_on_data_dependent_ops=False)(*examples, *constants)
     _drop_writes_into_inputs(functional)
-    return Traced(functional, constants, count, frozenset(len(examples) + k for k in zeros), _ops(recorded))
+    return Traced(functional, constants, count, frozenset(len(examples) + k for k in zeros), _ops(recorded),
+                  frozenset(literals))
 
 
 def _ops(module: fx.GraphModule) -> tuple[str, ...]:
@@ -450,32 +452,35 @@ def _drop_writes_into_inputs(module: fx.GraphModule) -> None:
     module.recompile()
 
 
-def _lifted(module: fx.GraphModule) -> tuple[list[torch.Tensor], list[int]]:
-    """Turns the module's tensor constants into placeholders after its own, in place; returns the constants, and
-    which of them are literal zeros (``torch.tensor(0.0)``, ``g[i] = 0``: a tensor the function made from a
-    number, read only by ``lift_fresh_copy``)."""
+def _lifted(module: fx.GraphModule) -> tuple[list[torch.Tensor], list[int], list[int]]:
+    """Turns the module's tensor constants into placeholders after its own, in place; returns the constants, which
+    of them are literals (a tensor the function made from a number, read only by ``lift_fresh_copy``:
+    ``torch.tensor(2.0)``, ``g[i] = 0``), and which of those are zeros."""
     graph = module.graph
     last = [n for n in graph.nodes if n.op == "placeholder"][-1]
     by_target: dict[str, fx.Node] = {}
     constants: list[torch.Tensor] = []
-    zeros: list[int] = []
+    literals: list[int] = []
     for node in [n for n in graph.nodes if n.op == "get_attr"]:
         if node.target not in by_target:
             with graph.inserting_after(last):
                 last = by_target[node.target] = graph.placeholder(f"constant{len(constants)}")
-            constant = getattr(module, node.target)
-            if _is_literal_zero(node, constant):
-                zeros.append(len(constants))
-            constants.append(constant)
+            if _is_literal(node):
+                literals.append(len(constants))
+            constants.append(getattr(module, node.target))
         node.replace_all_uses_with(by_target[node.target])
         graph.erase_node(node)
     module.recompile()
-    return constants, zeros
+    zeros = [k for k in literals if _is_zero(constants[k])]
+    return constants, zeros, literals
 
 
-def _is_literal_zero(node: fx.Node, constant: torch.Tensor) -> bool:
+def _is_literal(node: fx.Node) -> bool:
+    return bool(node.users) and all(_name(user.target) == "lift_fresh_copy" for user in node.users)
+
+
+def _is_zero(constant: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake
 
-    return (bool(node.users) and all(_name(user.target) == "lift_fresh_copy" for user in node.users)
-            and not is_fake(constant) and not constant.requires_grad and constant.numel() <= 1
+    return (not is_fake(constant) and not constant.requires_grad and constant.numel() <= 1
             and bool((constant == 0).all()))
