@@ -226,7 +226,9 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
                         for shape, dtype, device in [*cotangents, *(flat[k] for k in tensors)]]
             traced = linear_ops.trace(vjp_of_f, *examples, cotangents=count, fake=True)
             kept = _proven_states(read[-1], traced.states())
-            if kept and order == 1 and traced.literals == set(range(len(traced.constants))):
+            if not kept:  # nothing to embed: y keeps a zero derivative, whatever the VJP's autodiff
+                return (-1,)
+            if order == 1 and traced.literals == set(range(len(traced.constants))):
                 return (_registered(traced, [read[-1].found.index(k) for k in kept],
                                     [examples[count + tensors.index(k)] for k in kept], examples, count), *kept)
             as_written = linear_ops.differentiated_as_traced(vjp_of_f, *examples, traced=traced)
@@ -238,10 +240,10 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
         raise ValueError(f"The vjp of {name_of(f)} computes without grad mode (no_grad, set_grad_enabled(False), "
                          "inference_mode, @once_differentiable), branches on it, changes its cotangent in place or "
                          "detaches it (detach, .data), as a Function's backward may. Eagerly and under torch.func "
-                         "the decorator embeds the map such a backward applies, but under torch.compile it "
-                         "differentiates the vjp as written, which would not give that map: there, write the vjp "
-                         "in grad mode with no stop on the cotangent's path, or call the decorated function "
-                         "outside torch.compile.")
+                         "the decorator embeds the map such a backward applies, but under torch.compile, where f or "
+                         "its vjp closes over a tensor from outside (a weight, read at each call), it differentiates "
+                         "the vjp as written, which would not give that map: there, pass that tensor to f as an "
+                         "argument, or write the vjp in grad mode with no stop on the cotangent's path.")
     return (-1, *kept)
 
 
