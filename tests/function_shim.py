@@ -2,7 +2,8 @@
 ``forward(ctx, *args)`` (or ``forward(*args)`` with ``setup_context``) and ``backward(ctx, *grads)``, run as the
 decorator's ``f`` and VJP, so that a user's existing Function, backward and all, can be compared in every mode with
 the Function itself. The context keeps what a backward reads: ``saved_tensors``, ``needs_input_grad`` (true for
-every floating tensor argument: the decorator asks for them all) and attributes set on it; ``mark_dirty``, an
+every floating tensor argument: the decorator asks for them all), attributes set on it, and the outputs marked
+non-differentiable (returned detached, with a zero cotangent in the VJP); ``mark_dirty``, an
 argument changed in place, is outside the decorator's contract (f is a function of its arguments) and raises."""
 
 import torch
@@ -40,9 +41,10 @@ def _has_setup_context(function):
 
 
 def through_decorator(function, order=1):
-    """``function.apply``, as the decorator runs it."""
+    """``function.apply``, as the decorator runs it; the outputs marked non-differentiable come back detached."""
     def apply(*args):
         needs = tuple(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args)
+        marked = []
 
         @sgm.custom_gradient(order=order)
         def f(*args):
@@ -53,6 +55,9 @@ def through_decorator(function, order=1):
             else:
                 output = function.forward(ctx, *args)
 
+            outputs = output if isinstance(output, tuple) else (output,)
+            marked[:] = [k for k, o in enumerate(outputs) if any(o is m for m in ctx.non_differentiable)]
+
             def vjp(ct):
                 grads = function.backward(ctx, *(ct if isinstance(output, tuple) else (ct,)))
                 grads = grads if isinstance(grads, tuple) else (grads,)
@@ -60,6 +65,11 @@ def through_decorator(function, order=1):
 
             return output, vjp
 
-        return f(*args)
+        result = f(*args)
+        if not marked:
+            return result
+        if not isinstance(result, tuple):
+            return result.detach()
+        return tuple(r.detach() if k in marked else r for k, r in enumerate(result))
 
     return apply

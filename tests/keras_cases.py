@@ -232,6 +232,18 @@ def test_model_fit_compiled_with_jit_compile_matches_the_uncompiled_run(form):
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile is the torch backend's")
+@pytest.mark.parametrize("form", ["decorator", "identity"])
+def test_both_forms_under_torch_compile_fullgraph_on_the_torch_backend(form):
+    """One graph with no break: the namespace's lookup and the decorator's call are traced by Dynamo."""
+    import torch
+
+    activation = log1pexp_with(sgk.custom_gradient) if form == "decorator" else (
+        lambda x: sgk.custom_gradient(ops.logaddexp(x, 0.0), ops.sigmoid(x), x))
+    got = torch.compile(torch.func.grad(lambda x: activation(x).sum()), fullgraph=True)(torch.tensor(X))
+    np.testing.assert_allclose(got.numpy(), SIGMOID, rtol=1e-6)
+
+
 def test_the_helpers_run_on_the_backend():
     x = ops.convert_to_tensor(X)
     np.testing.assert_array_equal(ops.convert_to_numpy(sgk.stop_gradient(x)), X)

@@ -290,6 +290,28 @@ def test_the_function_and_the_decorator_give_the_linear_layers_gradients_side_by
         torch.testing.assert_close(got, want)
 
 
+class ScaledWithAMask(torch.autograd.Function):
+    """Two outputs, the second (a mask, in the input's dtype) marked non-differentiable."""
+
+    @staticmethod
+    def forward(ctx, x):
+        mask = (x > 0).to(x.dtype)
+        ctx.mark_non_differentiable(mask)
+        return x * 3.0, mask
+
+    @staticmethod
+    def backward(ctx, grad, grad_mask):
+        return grad * 3.0
+
+
+@pytest.mark.parametrize("mode", ["backward", "forward_ad", "func.jacrev", "func.jacfwd"])
+def test_an_output_marked_non_differentiable_has_no_derivative_and_the_other_its_rule(mode):
+    apply = through_decorator(ScaledWithAMask)
+    x = X.clone().requires_grad_(True)
+    assert not ScaledWithAMask.apply(x)[1].requires_grad and not apply(x)[1].requires_grad
+    torch.testing.assert_close(MODES[mode](lambda x: apply(x)[0] + apply(x)[1], X), torch.full_like(X, 3.0))
+
+
 # ---------------------------------------------------------------- the differences, each tested as what it is
 
 

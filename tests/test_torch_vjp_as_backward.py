@@ -326,3 +326,17 @@ def test_a_vjp_that_returns_none_for_every_argument_has_a_zero_second_derivative
 
     second = torch.func.grad(lambda x: torch.func.grad(lambda x: held(x).sum())(x).sum())(X)
     torch.testing.assert_close(second, torch.zeros_like(X))
+
+
+@pytest.mark.parametrize("mode", COMPILED_MODES)
+def test_under_torch_compile_a_vjp_with_literal_tensors_written_as_a_backward(mode):
+    """Literals made inside f and the VJP (torch.tensor(...), as Keras's ops make from numbers) are rebuilt by ops in
+    the compiled maps, where a tensor constant would be a real tensor among Dynamo's fake ones."""
+    @sgm.custom_gradient
+    def sin(x):
+        def vjp(ct):
+            with torch.no_grad():
+                return ct * torch.cos(x) * torch.tensor(2.0, dtype=x.dtype) / torch.tensor(2, dtype=torch.int32)
+        return torch.sin(x), vjp
+
+    torch.testing.assert_close(COMPILED_MODES[mode](sin, X), torch.cos(X))

@@ -228,7 +228,8 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
             kept = _proven_states(read[-1], traced.states())
             if not kept:  # nothing to embed: y keeps a zero derivative, whatever the VJP's autodiff
                 return (-1,)
-            if order == 1 and traced.literals == set(range(len(traced.constants))):
+            if order == 1 and traced.literals == set(range(len(traced.constants))) and all(
+                    c.numel() == 1 for c in traced.constants):
                 return (_registered(traced, [read[-1].found.index(k) for k in kept],
                                     [examples[count + tensors.index(k)] for k in kept], examples, count), *kept)
             as_written = linear_ops.differentiated_as_traced(vjp_of_f, *examples, traced=traced)
@@ -261,13 +262,17 @@ def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: 
     the kept leaves' shapes. Inside the compiled graph AOTAutograd differentiates their ops, so a VJP under
     no_grad or with a branch on grad mode is embedded as the map a backward applies, as it is eagerly."""
     rest = len(examples) - count
+    numbers = [(c.item(), c.shape, c.dtype, c.device) for c in traced.constants]
+
+    def literals() -> list[torch.Tensor]:  # made by ops in the graph: a tensor constant would be real under Dynamo
+        return [torch.full(shape, number, dtype=dtype, device=device) for number, shape, dtype, device in numbers]
 
     def vjp_map(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(traced.linear([*values[count:], *traced.constants], positions)(*values[:count]))
+        return tuple(traced.linear([*values[count:], *literals()], positions)(*values[:count]))
 
     def transposed(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         vs, flat = values[:len(positions)], values[len(positions):]
-        linear = traced.linear([*flat, *traced.constants], positions)
+        linear = traced.linear([*flat, *literals()], positions)
         cotangents = [torch.zeros(e.shape, dtype=e.dtype, device=e.device) for e in examples[:count]]
         return tuple(torch.func.vjp(linear, *cotangents)[1](list(vs)))
 
