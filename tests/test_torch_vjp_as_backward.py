@@ -153,6 +153,8 @@ def test_a_decorated_call_inside_a_vjp_under_no_grad():
 
 
 COMPILABLE = [c for c in AS_BACKWARD if c != "@once_differentiable"]  # Dynamo cannot trace it applied inside f
+# torch 2.6's Dynamo cannot apply the @torch.no_grad() decorator to a function defined inside the compiled one either
+DYNAMO_DECORATES_INSIDE = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 7)
 
 
 @pytest.mark.parametrize("mode", COMPILED_MODES)
@@ -160,6 +162,10 @@ COMPILABLE = [c for c in AS_BACKWARD if c != "@once_differentiable"]  # Dynamo c
 def test_under_torch_compile_a_vjp_written_as_a_backward_gets_the_derivative_of_its_map(case, mode):
     """f and its VJP closing over nothing from outside: the map traced as a backward runs, and its transpose, run
     inside the compiled graph (AOTAutograd differentiates their ATen ops)."""
+    if case == "@torch.no_grad()" and not DYNAMO_DECORATES_INSIDE:
+        with pytest.raises(RuntimeError):  # Dynamo's own InternalTorchDynamoError (NotImplementedError), on 2.6
+            COMPILED_MODES[mode](_decorated(AS_BACKWARD[case]), X)
+        return
     torch.testing.assert_close(COMPILED_MODES[mode](_decorated(AS_BACKWARD[case]), X), torch.cos(X))
 
 
