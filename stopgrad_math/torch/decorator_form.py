@@ -34,6 +34,7 @@ tracing f and its VJP anew on fake tensors (``_proven_while_compiling``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -249,6 +250,7 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
 
 
 _COMPILED: dict[int, torch.fx.GraphModule] = {}
+_KEYS = itertools.count(0, 2)  # (next() of a count is atomic: two threads compiling at once get two keys)
 """The maps compiled calls run (``_run_compiled``), by key: two for each compilation of a decorated call whose f
 and VJP close over no tensor from outside, kept as long as the compiled code that calls them (which Dynamo keeps
 for the process, bounded by its recompile limit)."""
@@ -278,7 +280,7 @@ def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: 
 
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    key = 2 * len(_COMPILED)
+    key = next(_KEYS)
     _COMPILED[key] = make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
     _COMPILED[key + 1] = make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True)(
         *[torch.empty_like(e) for e in kept_examples], *examples[len(examples) - rest:])  # (distinct: make_fx
