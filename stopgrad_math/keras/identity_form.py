@@ -12,6 +12,7 @@ TensorFlow namespace reads these conventions itself.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -35,17 +36,24 @@ def in_keras_conventions(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
-    """f decorated by the namespace of the backend each call runs on (made once per backend); arguments that are
-    keras.Variables are given as their values."""
+    """f decorated by the namespace of the backend each call runs on (made once per backend: at decoration where
+    Keras is imported already, else at the first call); arguments that are keras.Variables are given as their
+    values."""
     arguments.check_options(order, check_linearity)
     by_backend: dict[str, Callable[..., Any]] = {}
+
+    def made() -> Callable[..., Any]:
+        convention = f if backend() == "tensorflow" else in_keras_conventions(f)
+        return namespace().custom_gradient(convention, order=order, check_linearity=check_linearity)  # type: ignore[no-any-return]
+
+    if "keras" in sys.modules:  # made now where Keras is in use: torch 2.6's Dynamo cannot make a function it traces
+        by_backend[backend()] = made()
 
     @functools.wraps(f)
     def call(*args: Any, **kwargs: Any) -> Any:
         name = backend()
         if name not in by_backend:
-            convention = f if name == "tensorflow" else in_keras_conventions(f)
-            by_backend[name] = namespace().custom_gradient(convention, order=order, check_linearity=check_linearity)
+            by_backend[name] = made()
         return by_backend[name](*values(args), **values(kwargs))
 
     call.undecorated = f  # type: ignore[attr-defined]
