@@ -139,13 +139,12 @@ def _differences(fn: Callable[..., Any], point: _Point, index: int, weights: Seq
         widened = dataclasses.replace(point, leaves=leaves)
         try:
             dtype = _computed_in(fn, widened, index)
-            eps = float(jnp.finfo(dtype).eps)  # type: ignore[no-untyped-call]  # jnp.finfo knows bfloat16
-            return _numeric(fn, widened, index, weights, step if dtype == "float64" else eps ** (1 / 3)), dtype
+            at = step if dtype == "float64" else tolerances.difference_step(dtype)
+            return _numeric(fn, widened, index, weights, at), dtype
         except TypeError:  # fn mixes the argument with arrays of its own dtype in a way JAX refuses
             pass
     dtype = _computed_in(fn, point, index)
-    eps = float(jnp.finfo(dtype).eps)  # type: ignore[no-untyped-call]
-    return _numeric(fn, point, index, weights, eps ** (1 / 3)), dtype
+    return _numeric(fn, point, index, weights, tolerances.difference_step(dtype)), dtype
 
 
 def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None, atol: float | None = None,
@@ -161,9 +160,9 @@ def check_gradient(fn: Callable[..., Any], *args: Any, rtol: float | None = None
     differences. The differences are taken in float64 where JAX has float64
     on (``jax_enable_x64``) and fn computes in it, else at the narrowest
     precision fn's jaxpr computes in from the argument, with the step
-    eps^(1/3) and that precision's tolerance; the report says which. Tolerances and the rules for
-    non-finite values are the TensorFlow checker's; a report of nothing
-    checked never passes.
+    eps^(1/3) and that precision's tolerance; the report says which.
+    Tolerances and the rules for non-finite values are the TensorFlow
+    checker's; a report of nothing checked never passes.
 
     Examples:
         >>> def log1pexp(x):

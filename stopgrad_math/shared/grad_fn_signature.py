@@ -53,18 +53,25 @@ def signature(grad_fn: Callable[..., Any]) -> Signature:
     grow it without bound); methods, partials, callable objects and wrapped
     functions are read anew.
     """
-    code = getattr(grad_fn, "__code__", None)
-    if code is None or inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__"):
+    code = _plain_code(grad_fn)
+    if code is None:
         return _signature_of_parameters(_parameters(grad_fn))
     return _SIGNATURES.get(code) or _SIGNATURES.put(code, _signature_of_parameters(_parameters(grad_fn)))
+
+
+def _plain_code(grad_fn: Callable[..., Any]) -> Any:
+    """The code object that fixes a plain function's parameters; None for a method, a partial, a callable object
+    or a wrapped function, whose parameters are read anew."""
+    code = getattr(grad_fn, "__code__", None)
+    return None if inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__") else code
 
 
 def upstream_by_keyword(grad_fn: Callable[..., Any]) -> bool:
     """Whether grad_fn takes ``upstream`` as a keyword-only parameter (Keras's torch convention). A plain function
     is read from its code object's own fields, which torch.compile's tracer reads too (it does not trace
     ``inspect``); anything else from ``signature``."""
-    code = getattr(grad_fn, "__code__", None)
-    if code is None or inspect.ismethod(grad_fn) or hasattr(grad_fn, "__wrapped__"):
+    code = _plain_code(grad_fn)
+    if code is None:
         return signature(grad_fn).upstream_keyword
     first = code.co_argcount
     return "upstream" in code.co_varnames[first:first + code.co_kwonlyargcount]

@@ -50,6 +50,7 @@ def narrowest(names: Iterable[str]) -> str:
     return max(known, key=_EPS.__getitem__, default="float64")
 
 
-def eps(name: str) -> float:
-    """The machine epsilon of a floating dtype, by name."""
-    return _EPS[_REAL_PART.get(name, name)]
+def difference_step(name: str) -> float:
+    """eps^(1/3) of a floating dtype, by name: the relative step of central differences that balances truncation
+    and rounding in it."""
+    return float(_EPS[_REAL_PART.get(name, name)] ** (1 / 3))

@@ -105,16 +105,12 @@ def _numeric_preferring_float64(
     args64 = [tf.cast(a, tf.float64) if j == index else a for j, a in enumerate(args)]
     try:
         dtype = _computed_in(fn, args64, index)
-        return _numeric(fn, args64, index, weights, step if dtype == "float64" else _step(dtype)), dtype
+        at = step if dtype == "float64" else tolerances.difference_step(dtype)
+        return _numeric(fn, args64, index, weights, at), dtype
     except (TypeError, ValueError, tf.errors.InvalidArgumentError):
         # fn mixes the argument with tensors of its own dtype: difference in that dtype
         dtype = _computed_in(fn, args, index)
-        return _numeric(fn, args, index, weights, _step(dtype)), dtype
-
-
-def _step(dtype: str) -> float:
-    """eps^(1/3): the step that balances truncation and rounding in the dtype."""
-    return float(tolerances.eps(dtype) ** (1 / 3))
+        return _numeric(fn, args, index, weights, tolerances.difference_step(dtype)), dtype
 
 
 def _point(value: Any, index: int) -> Any:

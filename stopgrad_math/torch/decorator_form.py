@@ -250,10 +250,10 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
 
 
 _COMPILED: dict[int, torch.fx.GraphModule] = {}
-_KEYS = itertools.count(0, 2)  # (next() of a count is atomic: two threads compiling at once get two keys)
 """The maps compiled calls run (``_run_compiled``), by key: two for each compilation of a decorated call whose f
 and VJP close over no tensor from outside, kept as long as the compiled code that calls them (which Dynamo keeps
 for the process, bounded by its recompile limit)."""
+_KEYS = itertools.count(0, 2)  # (next() of a count is atomic: two threads compiling at once get two keys)
 
 
 def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
@@ -263,7 +263,6 @@ def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: 
     kept argument leaves (``positions`` among the traced outputs); at ``key + 1``, its transpose, J·v, from v in
     the kept leaves' shapes. Inside the compiled graph AOTAutograd differentiates their ops, so a VJP under
     no_grad or with a branch on grad mode is embedded as the map a backward applies, as it is eagerly."""
-    rest = len(examples) - count
     numbers = [(c.item(), c.shape, c.dtype, c.device) for c in traced.constants]
 
     def literals() -> list[torch.Tensor]:  # made by ops in the graph: a tensor constant would be real under Dynamo
@@ -282,9 +281,9 @@ def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: 
 
     key = next(_KEYS)
     _COMPILED[key] = make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+    # v's stand-ins made anew: make_fx binds its inputs by identity, and a kept leaf's example is among examples
     _COMPILED[key + 1] = make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True)(
-        *[torch.empty_like(e) for e in kept_examples], *examples[len(examples) - rest:])  # (distinct: make_fx
-    # binds its inputs by identity)
+        *[torch.empty_like(e) for e in kept_examples], *examples[count:])
     return key
 
 

@@ -142,8 +142,8 @@ def _differences(fn: Callable[..., Any], point: _Point, index: int, weights: Seq
             return _numeric(fn, wide, index, weights, step), "float64"
     except RuntimeError:  # fn mixes the arguments with tensors of its own dtype
         pass
-    dtype = _computed_in(fn, point.args(), point.leaves[index])
-    return _numeric(fn, point, index, weights, torch.finfo(dtype).eps ** (1 / 3)), str(dtype).removeprefix("torch.")
+    name = str(_computed_in(fn, point.args(), point.leaves[index])).removeprefix("torch.")
+    return _numeric(fn, point, index, weights, tolerances.difference_step(name)), name
 
 
 def _reverse(total: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
