@@ -47,7 +47,7 @@ test-mutants: $(VENV)/.installed-test
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python tests/mutants.py
 
 # Every TFP function that reaches its custom-gradient factory, on the library's decorator beside TFP as it is, in
-# eager mode, tf.function and XLA, with second derivatives (make test runs the eager part).
+# tf.function and XLA, with second derivatives (make test runs the eager part, which this leaves out).
 test-tfp-sweep: $(VENV)/.installed-test
 	STOPGRAD_TFP_SWEEP=full TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest -n 2 -ra tests/test_tfp_sweep.py
 

@@ -6,7 +6,10 @@ log1pexp, value + gradient (``backward``) eagerly and under
 the identity form against ``torch.autograd.Function`` (the anchor; with a
 ``jvp`` for forward mode, which then cannot be compiled), the decorator form
 (its VJP alone; compiled, its proof made once, as Dynamo traces it) and plain
-autodiff of ``softplus`` (the floor). Each cell is timed in ``--blocks``
+autodiff of ``softplus`` (the floor); and each one's value alone where
+nothing differentiates, beside f alone. Then a training step of a small MLP
+with the function as its activation (eager, compiled, inference) and the
+first compiled call of that step. Each cell is timed in ``--blocks``
 blocks; within a block the implementations run round-robin and each block gives a median per
 implementation, so a ratio is the median over blocks with its range, the
 run-to-run noise. Imports PyTorch, never TensorFlow or JAX: a machine with a
@@ -31,7 +34,9 @@ import torch.autograd.forward_ad as forward_ad
 import stopgrad_math.torch as sgm
 
 ANCHOR = "autograd.Function (anchor)"
-PHASES = ("eager value+grad", "compiled value+grad", "eager jvp")
+NOTHING = "eager value, nothing differentiates"
+PHASES = ("eager value+grad", "compiled value+grad", "eager jvp", NOTHING)
+F_ALONE = "f alone (no gradient machinery)"
 
 
 def _value(x: torch.Tensor) -> torch.Tensor:
@@ -86,6 +91,14 @@ IMPLEMENTATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "decorator form": _decorated,
     "plain autodiff (floor)": torch.nn.functional.softplus,
 }
+EXTRA: dict[str, dict[str, Callable[[torch.Tensor], torch.Tensor]]] = {NOTHING: {F_ALONE: _value}}
+"""Rows of one phase only: where nothing differentiates, f as the decorated function computes it, the floor."""
+
+
+def implementations(phase: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    return {**IMPLEMENTATIONS, **EXTRA.get(phase, {})}
+
+
 def _value_and_grad(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], object]:
     def run(x: torch.Tensor) -> object:
         x = x.detach().requires_grad_(True)
@@ -107,8 +120,10 @@ def _jvp(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor],
 
 def programs(name: str, phase: str) -> Callable[[torch.Tensor], object]:
     """The program of a phase: value + gradient of sum(fn), fn eager or compiled (AOTAutograd compiles its backward
-    too; torch.autograd.grad itself is not traced); or the JVP along ones."""
-    fn = IMPLEMENTATIONS[name]
+    too; torch.autograd.grad itself is not traced); the JVP along ones; or fn's value, x not requiring grad."""
+    fn = implementations(phase)[name]
+    if phase == NOTHING:
+        return lambda x: (fn(x),)
     if phase == "eager jvp":
         return _jvp(fn)
     if phase == "eager value+grad":
@@ -138,25 +153,101 @@ def block_medians(calls: dict[str, Callable[[], object]], x: torch.Tensor, min_t
 
 def run_cell(n: int, phase: str, blocks: int, min_time: float, device: str) -> list[dict]:
     x = torch.linspace(-20.0, 100.0, n, dtype=torch.float32, device=device)
-    compiled = {name: programs(name, phase) for name in IMPLEMENTATIONS}
+    compiled = {name: programs(name, phase) for name in implementations(phase)}
     calls = {name: (lambda p=p: p(x)) for name, p in compiled.items()}
     for call in calls.values():  # compile and warm up
         call()
         call()
     per_block = [block_medians(calls, x, min_time) for _ in range(blocks)]
-    rows = []
-    for name in calls:
-        ratios = [block[name] / block[ANCHOR] for block in per_block]
-        rows.append({"n": n, "phase": phase, "implementation": name,
-                     "seconds": statistics.median(block[name] for block in per_block),
-                     "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)})
-        print(f"n={n:>9} {phase:>20} {name:>26}: {rows[-1]['seconds'] * 1e6:10.1f} us  "
-              f"{rows[-1]['ratio']:.3f}x [{rows[-1]['ratio_min']:.3f}, {rows[-1]['ratio_max']:.3f}]", flush=True)
-    return rows
+    return [_row(n, phase, name, per_block) for name in calls]
 
 
-def markdown(rows: list[dict], device: str) -> str:
-    sizes = sorted({row["n"] for row in rows})
+# ---------------------------------------------------------------- a training step, and the first compile
+
+STEPS = ("MLP step, eager", "MLP step, compiled", "MLP inference, eager")
+FIRST_COMPILE = "MLP step, first compiled call"
+
+
+def _mlp(activation: Callable[[torch.Tensor], torch.Tensor], width: int,
+         device: str) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[torch.Tensor]]:
+    """Three linear layers of ``width``, ``activation`` after each: the function as a new user's activation."""
+    generator = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(width, width, generator=generator) / width**0.5).to(device).requires_grad_(True)
+               for _ in range(3)]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        for w in weights:
+            x = activation(x @ w)
+        return x
+
+    return forward, weights
+
+
+def step_programs(name: str, phase: str, width: int, device: str) -> Callable[[torch.Tensor], object]:
+    """A step: the loss and its gradient w.r.t. the weights (eager, or the forward compiled); or the forward
+    alone without grad (inference)."""
+    forward, weights = _mlp(_Log1pexpNoJvp.apply if name == ANCHOR else IMPLEMENTATIONS[name], width, device)
+    if phase == "MLP inference, eager":
+        def infer(x: torch.Tensor) -> object:
+            with torch.no_grad():
+                return forward(x)
+        return infer
+    if phase == "MLP step, compiled":
+        forward = torch.compile(forward, fullgraph=True)
+
+    def step(x: torch.Tensor) -> object:
+        loss = forward(x).square().mean()
+        return loss.detach(), torch.autograd.grad(loss, weights)
+
+    return step
+
+
+def step_cell(phase: str, batch: int, width: int, blocks: int, min_time: float, device: str) -> list[dict]:
+    x = torch.linspace(-3.0, 3.0, batch * width, device=device).reshape(batch, width)
+    programs_of = {name: step_programs(name, phase, width, device) for name in IMPLEMENTATIONS}
+    calls = {name: (lambda p=p: p(x)) for name, p in programs_of.items()}
+    for call in calls.values():
+        call()
+        call()
+    per_block = [block_medians(calls, x, min_time, rounds=3) for _ in range(blocks)]
+    return [_row(batch * width, phase, name, per_block) for name in calls]
+
+
+def first_compile_rows(batch: int, width: int, device: str) -> list[dict]:
+    """Seconds of the first call of the compiled step, from a fresh Dynamo: compile time, each implementation
+    once (the anchor's row a ratio of 1)."""
+    x = torch.linspace(-3.0, 3.0, batch * width, device=device).reshape(batch, width)
+    seconds = {}
+    for name in IMPLEMENTATIONS:
+        torch._dynamo.reset()
+        step = step_programs(name, "MLP step, compiled", width, device)
+        start = time.perf_counter()
+        step(x)
+        _synchronize(x)
+        seconds[name] = time.perf_counter() - start
+    return [_row(batch * width, FIRST_COMPILE, name, [seconds]) for name in seconds]
+
+
+def _row(n: int, phase: str, name: str, per_block: list[dict[str, float]]) -> dict:
+    ratios = [block[name] / block[ANCHOR] for block in per_block]
+    row = {"n": n, "phase": phase, "implementation": name, "seconds": statistics.median(b[name] for b in per_block),
+           "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+    print(f"n={n:>9} {phase:>30} {name:>26}: {row['seconds'] * 1e6:12.1f} us  "
+          f"{row['ratio']:.3f}x [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]", flush=True)
+    return row
+
+
+def _cell_text(row: dict) -> str:
+    return f"{_time(row['seconds'])}, {row['ratio']:.2f}× [{row['ratio_min']:.2f}–{row['ratio_max']:.2f}]"
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms" if seconds < 10 else (
+        f"{seconds:.1f} s")
+
+
+def markdown(rows: list[dict], device: str, batch: int = 0, width: int = 0) -> str:
+    sizes = sorted({row["n"] for row in rows if row["phase"] in PHASES})
     lines = [f"# PyTorch: log1pexp eagerly and compiled, {device}", "",
              f"torch {torch.__version__}. Median seconds of calls; ratio to `{ANCHOR}` as the median over blocks of "
              "interleaved calls, with its range over the blocks (run-to-run noise). Compiled: log1pexp under "
@@ -165,10 +256,22 @@ def markdown(rows: list[dict], device: str) -> str:
     for phase in PHASES:
         lines += [f"## {phase}", "", "| implementation | " + " | ".join(f"n = {n:.0e}" for n in sizes) + " |",
                   "|---|" + "---|" * len(sizes)]
+        for name in implementations(phase):
+            cells = [next(_cell_text(r) for r in rows
+                          if r["n"] == n and r["phase"] == phase and r["implementation"] == name) for n in sizes]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    steps = [phase for phase in (*STEPS, FIRST_COMPILE) if any(r["phase"] == phase for r in rows)]
+    if steps:
+        lines += [f"## A training step: an MLP of three {width}×{width} layers, the function as the activation, "
+                  f"batch {batch}", "",
+                  "A step is the loss and its gradient w.r.t. the weights; compiled, the forward under "
+                  "`torch.compile(fullgraph=True)`; inference, the forward under `no_grad`. The first compiled call "
+                  "is timed once per implementation from a fresh Dynamo (its compile time).", "",
+                  "| implementation | " + " | ".join(steps) + " |", "|---|" + "---|" * len(steps)]
         for name in IMPLEMENTATIONS:
-            cells = [next(f"{r['seconds'] * 1e6:.1f} µs, {r['ratio']:.2f}× [{r['ratio_min']:.2f}–{r['ratio_max']:.2f}]"
-                          for r in rows if r["n"] == n and r["phase"] == phase and r["implementation"] == name)
-                     for n in sizes]
+            cells = [next(_cell_text(r) for r in rows if r["phase"] == phase and r["implementation"] == name)
+                     for phase in steps]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -186,14 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="*", default=None, help="default: 1e3–1e6 (CPU), 1e6–1e8 (GPU)")
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds of repeats per block")
+    parser.add_argument("--batch", type=int, default=256, help="the training step's batch (0: no step rows)")
+    parser.add_argument("--width", type=int, default=1024, help="the training step's layer width")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sizes = args.sizes or ([10**6, 10**7, 10**8] if device == "cuda" else [10**3, 10**5, 10**6])
     rows = [row for n in sizes for phase in PHASES for row in run_cell(n, phase, args.blocks, args.min_time, device)]
+    if args.batch:
+        rows += [row for phase in STEPS
+                 for row in step_cell(phase, args.batch, args.width, args.blocks, args.min_time, device)]
+        rows += first_compile_rows(args.batch, args.width, device)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "latest-torch-gpu" if device == "cuda" else "latest-torch"
-    text = markdown(rows, device_name(device))
+    text = markdown(rows, device_name(device), args.batch, args.width)
     (out / f"{stem}.md").write_text(text)
     (out / f"{stem}.json").write_text(json.dumps({"device": device_name(device), "torch": torch.__version__,
                                                   "rows": rows}))

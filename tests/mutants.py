@@ -4,7 +4,8 @@ A test suite is only as good as the broken code it fails on. Each mutant
 below replaces one function with a broken variant (in the test process
 only: ``conftest.py`` applies the one named by ``STOPGRAD_MUTANT``), and
 names the tests that must fail on it. ``make test-mutants`` (run by CI)
-runs those tests once per mutant and fails if any mutant survives:
+runs those tests once per mutant, one run per core at a time, and fails if
+any mutant survives:
 
     python tests/mutants.py            every mutant
     python tests/mutants.py NAME ...   those named
@@ -12,11 +13,13 @@ runs those tests once per mutant and fails if any mutant survives:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import importlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -176,8 +179,8 @@ def _differentiates_the_vjp_as_written(original):
     """The decorator's J·v from autodiff of the Python VJP, not from the map traced as a backward runs: a VJP
     under no_grad is embedded without its derivative (a silent 0)."""
     def proven(cotangents, vjp, examples, order):
-        kept, _, closed_over = original(cotangents, vjp, examples, order)
-        return kept, cotangents.of(vjp, kept), closed_over
+        kept, _, closed_over, _ = original(cotangents, vjp, examples, order)
+        return kept, cotangents.of(vjp, kept), closed_over, None
     return proven
 
 
@@ -185,6 +188,14 @@ def _readable_cotangents(original):
     """The VJP traced on real zero cotangents: a read of the cotangent's value takes the branch for zero, which is
     embedded as if it were the map."""
     return lambda cotangents: list(cotangents)
+def _stale_proof(original):
+    """The PyTorch decorator's proof kept without the VJP's own key: a new closure value or global reuses the
+    graph of the first call's VJP."""
+    def signature(cotangents, opened, order):
+        return original(cotangents, dataclasses.replace(opened, key=None), order)
+    return signature
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
 MUTANTS = {
@@ -251,6 +262,9 @@ MUTANTS = {
     "the PyTorch decorator takes a read of the cotangent for the map": Mutant(
         "stopgrad_math.torch.linear_ops", "unreadable", _readable_cotangents,
         (f"{_AS_BACKWARD}::test_a_read_of_the_cotangents_value_is_refused_eagerly_naming_the_vjp",)),
+    "the PyTorch decorator reuses a stale proof": Mutant(
+        "stopgrad_math.torch.decorator_form", "_signature", _stale_proof,
+        ("tests/test_torch_proofs_kept.py::test_a_new_closure_value_shape_dtype_or_global_makes_a_new_proof",)),
     "the PyTorch decorator never guards second derivatives under torch.func": Mutant(
         "stopgrad_math.torch.second_derivative_guard", "check", _never_checks,
         ("tests/test_torch_decorator_form.py::test_order_1_second_derivatives_raise_naming_order_2",)),
@@ -285,12 +299,22 @@ def _survives(name: str) -> bool:
     return result.returncode == 0
 
 
+def _timed(name: str) -> tuple[bool, float]:
+    start = time.perf_counter()
+    return _survives(name), time.perf_counter() - start
+
+
 def main(names: list[str]) -> int:
+    """Runs the mutants one per core at a time (each run is a pytest process, most of it imports)."""
     survivors = []
-    for name in names or list(MUTANTS):
-        survived = _survives(name)
-        print(f"{'SURVIVED' if survived else 'caught':>8}  {name}  ({', '.join(MUTANTS[name].caught_by)})")
-        survivors += [name] if survived else []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        runs = {pool.submit(_timed, name): name for name in names or list(MUTANTS)}
+        for run in concurrent.futures.as_completed(runs):
+            name = runs[run]
+            survived, seconds = run.result()
+            print(f"{'SURVIVED' if survived else 'caught':>8}  {seconds:5.0f} s  {name}  "
+                  f"({', '.join(MUTANTS[name].caught_by)})", flush=True)
+            survivors += [name] if survived else []
     return 1 if survivors else 0
 
 

@@ -7,9 +7,9 @@ this file. Arguments are made from a table keyed by parameter name: one valid fl
 sweep cannot run is a skip that names the reason (shown by ``-ra``), never silent: an argument the table cannot
 make, TFP itself raising, or an entry that does not reach the factory on this point.
 
-``make test`` runs the sweep in eager mode; ``make test-tfp-sweep`` (which ``.ci/run`` runs) adds the second
-derivatives of every entry, and tf.function and XLA for one entry per custom-gradient function: the first, TFP's
-math functions first, whose arguments the table makes (``STOPGRAD_TFP_SWEEP=full``). Every entry in every mode
+``make test`` runs the sweep in eager mode; ``make test-tfp-sweep`` (which ``.ci/run`` runs after it) runs the
+rest: the second derivatives of every entry, and tf.function and XLA for one entry per custom-gradient function:
+the first, TFP's math functions first, whose arguments the table makes (``STOPGRAD_TFP_SWEEP=full``). Every entry in every mode
 took 28 minutes on two cores; compiling TFP's functions twice is the cost, and what a compiled mode can break is
 the decorator around a custom gradient, which one entry per custom gradient meets.
 """
@@ -185,7 +185,9 @@ def pytest_generate_tests(metafunc):
     entries = _entries()
     if "mode" in metafunc.fixturenames:
         compiled = _compiled_entries(entries) if FULL else []
-        cases = [(e, "eager") for e in entries] + [(e, m) for e in compiled for m in ("function", "xla")]
+        # make test runs the eager cases; the full sweep (make test-tfp-sweep, after it in CI) adds the rest alone
+        eager = [] if FULL else [(e, "eager") for e in entries]
+        cases = eager + [(e, m) for e in compiled for m in ("function", "xla")]
         metafunc.parametrize(("entry", "mode"), cases, ids=[f"{e.id}-{m}" for e, m in cases])
     else:
         metafunc.parametrize("entry", entries, ids=[e.id for e in entries])

@@ -11,12 +11,23 @@ def test_every_implementation_matches_plain_autodiff_of_softplus(phase):
     """The ratios compare mechanisms only if every implementation computes the same value and derivative."""
     x = torch.linspace(-20.0, 100.0, 1000)
     want = torch_run.programs("plain autodiff (floor)", phase)(x)
-    for name in torch_run.IMPLEMENTATIONS:
+    for name in torch_run.implementations(phase):
         for got, expected in zip(torch_run.programs(name, phase)(x), want, strict=True):
             torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6, msg=name)
 
 
 def test_a_run_writes_its_report(tmp_path):
-    assert torch_run.main(["--out", str(tmp_path), "--sizes", "100", "--blocks", "1", "--min-time", "0"]) == 0
+    assert torch_run.main(["--out", str(tmp_path), "--sizes", "100", "--blocks", "1", "--min-time", "0",
+                           "--batch", "4", "--width", "8"]) == 0
     text = (tmp_path / "latest-torch.md").read_text()
     assert "autograd.Function (anchor)" in text and "## compiled value+grad" in text
+    assert "MLP step, first compiled call" in text and "f alone" in text
+
+
+@pytest.mark.parametrize("phase", torch_run.STEPS)
+def test_every_implementation_takes_the_same_training_step(phase):
+    x = torch.linspace(-3.0, 3.0, 32).reshape(4, 8)
+    want = torch_run.step_programs("plain autodiff (floor)", phase, 8, "cpu")(x)
+    for name in torch_run.IMPLEMENTATIONS:
+        got = torch_run.step_programs(name, phase, 8, "cpu")(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)

@@ -2,6 +2,9 @@
 
 The library memoizes what user code makes without end (grad_fn code objects,
 input signatures), so a plain dict could grow for as long as a program runs.
+Threads may share one: each step is one operation on an OrderedDict (atomic in
+CPython), and an entry another thread dropped in between is a miss. (No lock:
+torch.compile traces some of the calls, and a lock is a break in its graph.)
 """
 
 from __future__ import annotations
@@ -28,15 +31,19 @@ class BoundedCache(Generic[Value]):
 
     def get(self, key: Hashable) -> Value | None:
         """The value for ``key``, now the most recently used; None where there is none."""
-        if key not in self._entries:
+        try:
+            self._entries.move_to_end(key)
+            return self._entries[key]
+        except KeyError:
             return None
-        self._entries.move_to_end(key)
-        return self._entries[key]
 
     def put(self, key: Hashable, value: Value) -> Value:
         """Keeps ``value`` for ``key``; returns it."""
-        self._entries[key] = value
-        self._entries.move_to_end(key)
-        if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        self._entries.pop(key, None)
+        self._entries[key] = value  # the most recent: last
+        while len(self._entries) > self.size:
+            try:
+                self._entries.popitem(last=False)
+            except KeyError:  # another thread emptied it
+                break
         return value

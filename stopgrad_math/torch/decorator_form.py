@@ -35,15 +35,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import arguments as arguments_of
-from stopgrad_math.shared import linearity, nesting
+from stopgrad_math.shared import bounded_cache, closure_key, linearity, nesting
 from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.shared.linearity import Judged
@@ -103,23 +104,34 @@ def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[t
         raise ValueError(f"The vjp of {name} is a {type(vjp).__name__}, not a function: under torch.func the "
                          "decorator traces a vjp with the tensors it closes over lifted out, which only a plain "
                          "function (a def or a lambda) allows.")
-    makers = [stand_in(t) for t in [*examples, *lifted.tensors]]
-    count = len(examples)
+    makers = [stand_in(t) for t in [*examples, *lifted.tensors]]  # shapes read inside the transform
     describe = cotangents.described()
     with temporarily_clear_interpreter_stack():
-        described = describe()
-
-        def rebuilt(*values: torch.Tensor) -> list[torch.Tensor]:
-            return described.of(lifted.rebuild(list(values[count:])))(*values[:count])
-
         try:
-            traced = linear_ops.trace(rebuilt, *[make() for make in makers], cotangents=count, fake=True)
+            traced = _traced_by_shapes(cotangents, describe, lifted.rebuild, [make() for make in makers],
+                                       len(examples))
         except (ValueError, TypeError, LookupError):
             raise
         except Exception as error:  # what make_fx raises on a value read or a wrapped tensor
             raise _untraceable(cotangents.f, error, "under torch.func") from error
-    cotangents.found = described.found
     return dataclasses.replace(traced, constants=[*lifted.tensors, *traced.constants])
+
+
+def _traced_by_shapes(cotangents: _Cotangents, describe: Callable[[], _Cotangents],
+                      rebuild: Callable[[list[torch.Tensor]], Any], stand_ins: list[torch.Tensor],
+                      count: int) -> linear_ops.Traced:
+    """The VJP traced on fake tensors: ``stand_ins`` of the ``count`` cotangents of y, then of the tensors it
+    closes over (``rebuild``: the VJP closing over others in place of its own), with y and the arguments as
+    ``describe`` makes them: a graph of shapes alone, in which a read of any value raises. Its constants are its
+    own (the literals it makes); ``cotangents.found`` is set."""
+    described = describe()
+
+    def rebuilt(*values: torch.Tensor) -> list[torch.Tensor]:
+        return described.of(rebuild(list(values[count:])))(*values[:count])
+
+    traced = linear_ops.trace(rebuilt, *stand_ins, cotangents=count, fake=True)
+    cotangents.found = described.found
+    return traced
 
 
 def _untraceable(f: Callable[..., Any], error: Exception, where: str) -> ValueError:
@@ -155,14 +167,112 @@ def _proven_states(cotangents: _Cotangents, states: list[Judged]) -> list[int]:
 
 
 def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor],
-            order: int) -> tuple[list[int], Callable[..., list[torch.Tensor]], list[torch.Tensor]]:
+            order: int) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None]:
     """The argument leaves whose cotangent is linear (``_proven_states`` of the VJP traced as ``_traced`` does);
     the map from the cotangents of y to theirs: the traced graph, with what the VJP closes over stopped (order 1)
-    or live (order 2); and what it closes over, as it is."""
+    or live (order 2); what it closes over, as it is; and the map's transpose J·v where it is at hand (None: the
+    pullback of torch.func.vjp of the map). Eagerly, outside torch.func and any trace, the proof of a known
+    signature (``_known``)."""
+    if not second_derivative_guard.in_transform() and not torch._C._len_torch_dispatch_stack():
+        known = _known(cotangents, vjp, examples, order)
+        if known is not None:
+            return known
     traced = _traced(cotangents, vjp, examples)
     kept = _proven_states(cotangents, traced.states())
     constants = traced.constants if order == 2 else [identity.stop(c) for c in traced.constants]
-    return kept, traced.linear(constants, [cotangents.found.index(k) for k in kept]), traced.constants
+    return kept, traced.linear(constants, [cotangents.found.index(k) for k in kept]), traced.constants, None
+
+
+# ---------------------------------------------------------------- proofs kept by signature
+
+
+@dataclasses.dataclass(frozen=True)
+class _Proof:
+    """A VJP proven once for its signature: the argument leaves whose cotangent is linear, and the graphs of
+    ``_maps`` (its map and its transpose), each a function of the cotangents (or v) and then the tensors the
+    VJP closes over. It holds no tensor of the call it was made at: the graphs were traced on stand-ins."""
+
+    kept: list[int]
+    vjp_map: torch.fx.GraphModule | None  # None where nothing is kept
+    transposed: torch.fx.GraphModule | None
+
+
+PROOFS_KEPT = 256
+_PROOFS: bounded_cache.BoundedCache[Any] = bounded_cache.BoundedCache(PROOFS_KEPT)
+_TRACED_AT_EVERY_CALL = object()  # a signature whose VJP reads a value, or closes over a tensor it made itself
+
+
+def _known(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor],
+           order: int) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None] | None:
+    """``_proven`` from the proof made at the first call of the VJP's signature (``_signature``): the VJP's code,
+    the values in its closure other than tensors, the globals it reads, each tensor's ``tensor_key``, the
+    arguments' and y's structure and leaves, the order. None where the VJP cannot be keyed
+    (``vjp_closure.keyed``), or where a trace by shapes alone fails (it reads a value in Python) or keeps a
+    tensor: then it is traced at every call, as before."""
+    opened = vjp_closure.keyed(vjp)
+    signature = None if opened is None else _signature(cotangents, opened, order)
+    if opened is None or signature is None:
+        return None
+    proof = _PROOFS.get(signature)
+    if proof is None:
+        proof = _PROOFS.put(signature, _proof(cotangents, opened, examples))
+    if proof is _TRACED_AT_EVERY_CALL:
+        return None
+    tensors = opened.arrays
+    vjp_map, transposed = proof.vjp_map, proof.transposed
+    if vjp_map is None or transposed is None:
+        return [], lambda *cts: [], tensors, None
+    constants = tensors if order == 2 else [identity.stop(t) for t in tensors]
+
+    def linear(*cts: torch.Tensor) -> list[torch.Tensor]:  # (forward: a Module's call adds its hooks' checks)
+        return list(vjp_map.forward(*cts, *constants))
+
+    def transpose(*vs: torch.Tensor) -> list[torch.Tensor]:  # v as the stand-ins it was traced on: contiguous
+        return list(transposed.forward(*[v.contiguous() for v in vs], *constants))
+
+    return list(proof.kept), linear, tensors, transpose
+
+
+def _proof(cotangents: _Cotangents, opened: closure_key.Opened, examples: list[torch.Tensor]) -> Any:
+    """The ``_Proof`` of the VJP opened; ``_TRACED_AT_EVERY_CALL`` where a trace by shapes fails, proves nothing
+    or keeps a tensor."""
+    stand_ins = [*(stand_in(e)() for e in examples), *(vjp_closure.strided_stand_in(t) for t in opened.arrays)]
+    try:
+        traced = _traced_by_shapes(cotangents, cotangents.described(), opened.rebuild, stand_ins, len(examples))
+        kept = _proven_states(cotangents, traced.states())
+    except Exception:  # a read of a value (an op on it: item's _local_scalar_dense), or no proof: the trace on the
+        return _TRACED_AT_EVERY_CALL  # real tensors it closes over says what is allowed, or names the op
+    if not all(k in traced.literals and c.numel() == 1 for k, c in enumerate(traced.constants)):
+        return _TRACED_AT_EVERY_CALL
+    if not kept:
+        return _Proof([], None, None)
+    leaves = cotangents.leaves
+    kept_examples = [torch.empty(leaves.values[k].shape, dtype=leaves.values[k].dtype,
+                                 device=leaves.values[k].device) for k in kept]
+    vjp_map, transposed = _maps(traced, [cotangents.found.index(k) for k in kept], kept_examples, stand_ins,
+                                len(examples))
+    return _Proof(kept, vjp_map, transposed)
+
+
+def _signature(cotangents: _Cotangents, opened: closure_key.Opened, order: int) -> Hashable | None:
+    """What a proof depends on besides the VJP's key: the names, the order (a decorated call inside the VJP is
+    evaluated by it), and the structure and leaves of the arguments and of y (a tensor by ``tensor_key``, another
+    leaf by value); None where a leaf is of another kind."""
+    try:
+        leaves = tuple(_leaf_key(v) for v in cotangents.leaves.values)
+        outputs = tuple(_leaf_key(v) for v in cotangents.outputs.values)
+    except TypeError:
+        return None
+    return (opened.key, name_of(cotangents.f), tuple(cotangents.names), order, cotangents.leaves.structure, leaves,
+            cotangents.outputs.structure, outputs)
+
+
+def _leaf_key(value: Any) -> Hashable:
+    if isinstance(value, torch.Tensor):
+        return vjp_closure.tensor_key(value)
+    if type(value) in (type(None), bool, int, float, complex, str, bytes):
+        return type(value), value
+    raise TypeError(type(value).__name__)
 
 
 def _shape_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
@@ -258,11 +368,21 @@ _KEYS = itertools.count(0, 2)  # (next() of a count is atomic: two threads compi
 
 def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
                 examples: list[torch.Tensor], count: int) -> int:
-    """Keys of two graphs of ATen ops for a compiled call, from f and its VJP traced as a backward runs, with the
-    tensors of f's arguments as their last inputs: at ``key``, the VJP's map from y's cotangents to those of the
-    kept argument leaves (``positions`` among the traced outputs); at ``key + 1``, its transpose, J·v, from v in
-    the kept leaves' shapes. Inside the compiled graph AOTAutograd differentiates their ops, so a VJP under
-    no_grad or with a branch on grad mode is embedded as the map a backward applies, as it is eagerly."""
+    """Keys of the two graphs ``_maps`` makes for a compiled call, from f and its VJP traced as a backward runs,
+    with the tensors of f's arguments as their last inputs: at ``key`` the VJP's map, at ``key + 1`` its
+    transpose. Inside the compiled graph AOTAutograd differentiates their ops, so a VJP under no_grad or with a
+    branch on grad mode is embedded as the map a backward applies, as it is eagerly."""
+    key = next(_KEYS)
+    _COMPILED[key], _COMPILED[key + 1] = _maps(traced, positions, kept_examples, examples, count)
+    return key
+
+
+def _maps(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
+          examples: list[torch.Tensor], count: int) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Two graphs of ATen ops from a VJP traced as a backward runs on ``examples`` (the ``count`` cotangents of y,
+    then the tensors its graph reads), whose own constants are all one-element literals: the VJP's map from y's
+    cotangents to those of the argument leaves at ``positions`` among the traced outputs, and its transpose, J·v,
+    from v in those leaves' shapes (``kept_examples``); each takes the tensors after its first inputs."""
     numbers = [(c.item(), c.shape, c.dtype, c.device) for c in traced.constants]
 
     def literals() -> list[torch.Tensor]:  # made by ops in the graph: a tensor constant would be real under Dynamo
@@ -279,12 +399,16 @@ def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: 
 
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    key = next(_KEYS)
-    _COMPILED[key] = make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
-    # v's stand-ins made anew: make_fx binds its inputs by identity, and a kept leaf's example is among examples
-    _COMPILED[key + 1] = make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True)(
-        *[torch.empty_like(e) for e in kept_examples], *examples[count:])
-    return key
+    with linear_ops.exclusive():
+        vjp_module = make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+        # v's stand-ins made anew: make_fx binds its inputs by identity, and a kept leaf's example may be among
+        # the examples
+        transpose_module = make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True)(
+            *[torch.empty_like(e) for e in kept_examples], *examples[count:])
+        for module in (vjp_module, transpose_module):  # the pullback's primal computation is dead
+            module.graph.eliminate_dead_code()
+            module.recompile()
+    return vjp_module, transpose_module
 
 
 @torch._dynamo.allow_in_graph  # type: ignore[untyped-decorator]
@@ -331,13 +455,38 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], examples:
         return outputs.with_values({index: identity.attach(value, [t.reshape(value.shape) for t in terms])})
     zeros = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
     products = transposed(*zeros) if transposed is not None else torch.func.vjp(linear, *examples)[1](zeros)
-    return outputs.with_values({k: identity.attach(outputs.values[k], [identity.zero_with_derivative_of(p, zeros)])
-                                for k, p in zip(outputs.differentiable, products, strict=True)})
+    # the carrier serves forward mode, and links each output to every x (as a Function's node does): where there
+    # is one of each, a proven J·v links them already, and reverse mode alone can leave it out
+    carried = _forward_mode_possible() or len(zeros) > 1 or len(products) > 1
+    return outputs.with_values({
+        k: identity.attach(outputs.values[k], [identity.zero_with_derivative_of(p, zeros, carried)])
+        for k, p in zip(outputs.differentiable, products, strict=True)})
+
+
+def _forward_mode_possible() -> bool:
+    """Whether forward mode may differentiate what is made now: a forward-mode level, a torch.func transform or a
+    compilation is active. (A tensor made outside them never gets a tangent.)"""
+    return (torch.compiler.is_compiling() or forward_ad._current_level >= 0
+            or second_derivative_guard.in_transform())
+
+
+def _differentiating(args: tuple[Any, ...]) -> bool:
+    """Whether a derivative of the call may be taken: an argument that requires grad in grad mode, a forward-mode
+    level, a torch.func transform, a trace (make_fx's, an outer VJP's) or a compilation. Where none is, the call
+    is f's value alone, as a Function's forward without grad, and the VJP is not called."""
+    if _forward_mode_possible() or torch._C._len_torch_dispatch_stack():
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    flat = args if all(type(a) is torch.Tensor for a in args) else pytree.tree_leaves(args)
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
 
 
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any], order: int,
            guard: bool) -> Any:
     name = name_of(f)
+    if not _differentiating(args):
+        return call_f(f, args, kwargs)[0]
     leaves = Leaves.of_arguments(args, names)
     if not leaves.differentiable:
         return call_f(f, args, kwargs)[0]
@@ -354,7 +503,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         kept, registered, transposed = _proven_while_compiling(f, leaves, kwargs, outputs, names, order)
         linear = cotangents.of(vjp, kept) if registered is None else registered
     else:
-        kept, linear, closed_over = _proven(cotangents, vjp, examples, order)
+        kept, linear, closed_over, transposed = _proven(cotangents, vjp, examples, order)
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0 for x in leaves.tensors()),

@@ -84,7 +84,7 @@ def zero_with_gradient(x: Any) -> torch.Tensor:
     return zero_with_slope(inexact_tensor(x, "zero_with_gradient's x"), slope_is_negative=False)
 
 
-def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor]) -> torch.Tensor:
+def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor], carried: bool = True) -> torch.Tensor:
     """+0.0 in p's shape with p's derivative, p being linear in ``zeros`` (the decorator's J·v, with the zeros
     ``stop(x) − x``).
 
@@ -99,11 +99,16 @@ def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor]) -> torch
     its live branch, Σ zeros (forward mode gives a select a tangent where a
     branch has one, and reverse mode passes a select's unchosen branch an
     exact zero). So a NaN or inf in the cotangent or the tangent stays at
-    the elements it reaches through J, as in plain autodiff.
+    the elements it reaches through J, as in plain autodiff. Reverse mode
+    gets nothing through the carrier but a link to every zero: ``carried=False``
+    leaves it out where forward mode cannot reach the result and p reads
+    every zero.
     """
     still = stop(p)
     finite = torch.isfinite(still)
     zero = torch.where(finite, p - still, 0.0)
+    if not carried:
+        return zero
     k = finite.to(zero.real.dtype)
     total = sum((z.real.sum() for z in zeros), torch.zeros((), dtype=k.dtype, device=k.device))
     never = torch.zeros_like(finite)

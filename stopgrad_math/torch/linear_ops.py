@@ -21,17 +21,23 @@ for a list of tensors, none for None); a Python number is ZERO where it is
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import functools
+import linecache
 import operator
+import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import torch
 from torch import fx
 
 from stopgrad_math.shared.linearity import AFFINE, Finding, Judged, State
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 Operands = list[list[Judged]]  # per schema argument, the states of the values in it
 _Rule = Callable[[str, Operands, dict[str, Any]], Judged]
 
@@ -296,6 +302,45 @@ def judge(graph: fx.Graph, cotangents: int, zeros: frozenset[int] = frozenset())
     return walk.states_in(graph.output_node().args[0])
 
 
+_TRACING = threading.RLock()  # make_fx keeps global state (its CURRENT_PATCHER): one trace at a time
+
+
+@contextlib.contextmanager
+def exclusive() -> Any:
+    """One thread at a time traces or compiles graphs (nested traces of a decorated call in a VJP are one thread's),
+    and the source FX keeps of each module it makes (for tracebacks, in ``linecache``, never freed) is dropped
+    when the outermost trace ends, so that tracing at every call does not grow memory."""
+    from torch.fx.graph_module import _loader
+
+    with _TRACING:
+        outermost = _depth.value == 0
+        before = set(_loader.eval_cache) if outermost else set()
+        _depth.value += 1
+        try:
+            yield
+        finally:
+            _depth.value -= 1
+            if outermost:
+                for key in set(_loader.eval_cache) - before:
+                    _loader.eval_cache.pop(key, None)
+                    linecache.cache.pop(key, None)
+
+
+class _Depth(threading.local):
+    value = 0
+
+
+_depth = _Depth()
+
+
+def _exclusively(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    @functools.wraps(function)
+    def called(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with exclusive():
+            return function(*args, **kwargs)
+    return called
+
+
 @dataclasses.dataclass(frozen=True)
 class Traced:
     """A function as a functional graph of ATen ops of its arguments and then of ``constants``, the tensors it
@@ -347,6 +392,7 @@ def _copied(self: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     return src.to(dtype=self.dtype, device=self.device).expand(self.shape).clone()
 
 
+@_exclusively
 def _differentiable(traced: Traced) -> fx.GraphModule:
     """The traced graph as ops autograd and torch.func differentiate as the map: a ``detach`` on the cotangent's
     path an alias (a no-op in the backward it was traced as), ``copy`` written as ``_copied``."""
@@ -373,6 +419,7 @@ def unreadable(cotangents: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [stand_in(ct) for ct in cotangents]
 
 
+@_exclusively
 def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int | None = None,
           fake: bool = False) -> Traced:
     """function traced on ``examples`` into a functional graph of ATen ops (no in-place op: ``g[i] = u`` is a
@@ -413,6 +460,7 @@ def _ops(module: fx.GraphModule) -> tuple[str, ...]:
     return tuple(name for n in module.graph.nodes if n.op == "call_function" and (name := _name(n.target)) != "detach")
 
 
+@_exclusively
 def differentiated_as_traced(function: Callable[..., Any], *examples: torch.Tensor, traced: Traced) -> bool:
     """Whether autodiff of ``function`` w.r.t. its cotangents (the first ``traced.arguments`` examples, all fake)
     is the map ``traced`` holds, which was traced as a backward runs: traced again with grad mode on and the

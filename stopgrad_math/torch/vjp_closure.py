@@ -10,6 +10,12 @@ become a list, and ``rebuild(tensors)`` makes the same VJP over
 others, here plain stand-ins of the same shapes and dtypes. What it cannot
 open (a global, a torch object's attributes) stays as it is; a VJP that reads a
 wrapped tensor that way is found when it is traced.
+
+``keyed`` opens it the stricter way of ``shared.closure_key``, for the eager
+decorator's proofs, made once per key: a tensor keyed by its shape, strides,
+dtype, device and layout, and none taken from a global or a module's attribute
+(a tensor can change in place), so that what a key cannot capture is traced
+anew at every call.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from stopgrad_math.shared import closure_key
 
 DEPTH = 2  # how many levels of functions in a closure are opened
 
@@ -106,3 +114,22 @@ def _cell(cell: Any, depth: int, tensors: list[torch.Tensor]) -> Callable[[list[
         return lambda new: cell
     build = _value(contents, depth, tensors)
     return lambda new: types.CellType(build(new))
+
+
+def tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What a graph traced on a stand-in of the tensor depends on: its shape, strides, dtype, device and layout."""
+    return "tensor", tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.device, tensor.layout
+
+
+def strided_stand_in(tensor: torch.Tensor) -> torch.Tensor:
+    """An uninitialized tensor of the tensor's ``tensor_key``."""
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+
+
+_TENSORS = closure_key.Arrays(lambda value: isinstance(value, torch.Tensor), tensor_key, lambda value: False)
+
+
+def keyed(vjp: Callable[..., Any]) -> closure_key.Opened | None:
+    """The VJP as a key and its closed-over tensors (``shared.closure_key``); None where it holds something a key
+    cannot capture (a list, an object, a tensor read from a global), and is traced at every call."""
+    return closure_key.opened(vjp, _TENSORS)

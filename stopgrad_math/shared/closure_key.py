@@ -1,0 +1,201 @@
+"""A VJP's closure opened: the arrays it closes over as arguments, everything else as a key.
+
+The decorators trace a VJP, prove it linear and transpose it. What that
+work gives depends on the VJP's code, on what its closure and its defaults
+hold, on the globals its code reads, and on the shapes and dtypes of the
+arrays among them; the arrays' values enter the computation only as inputs.
+``opened`` splits a VJP into those two parts: a key of everything but the
+arrays, and the arrays themselves, with a ``rebuild`` that makes the same VJP
+over other arrays of those shapes. Two VJPs with one key are one computation
+of their arrays, so a decorator does that work once per key and passes the
+arrays in. What an array is, and what of it enters the key, each framework
+says (``Arrays``).
+
+What is in the key, and so makes new work when it changes: the code; each
+value in the closure and the defaults that is a Python number, string, tuple
+or ``None`` (by value), a module, class or builtin (by identity), or a nested
+function (opened in turn, two levels deep); each array's ``Arrays.key``; and
+every global the code may read, by value where it is a number or string, by
+identity where it is a class, builtin or an array the framework calls
+immutable, by code, closure and globals where it is a function, and a module
+with its attributes of the names the code reads (``jnp.exp``, ``torch.exp``,
+a float a module holds), so that reassigning one between calls makes another
+key.
+
+Refused (None), so that the decorator traces the VJP anew at every call: a
+VJP whose closure holds anything mutable or opaque (a list, a dict, an object
+whose attributes it may read), one whose code assigns to its closure or to a
+global, one that reads a mutable array (NumPy's, PyTorch's) from a global or
+a global of another kind, and a callable that is not a plain function (a
+``functools.partial``, the ``Partial`` that ``jax.vjp`` returns).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import functools
+import types
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from stopgrad_math.shared.function_identity import same
+
+_BY_VALUE = (type(None), bool, int, float, complex, str, bytes)
+_BY_IDENTITY = (types.ModuleType, type, types.BuiltinFunctionType)
+_STORES = frozenset({"STORE_DEREF", "DELETE_DEREF", "STORE_GLOBAL", "DELETE_GLOBAL"})
+DEPTH = 2  # how many levels of functions in a closure, or read from globals, are opened
+
+Rebuild = Callable[[list[Any]], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrays:
+    """A framework's arrays: which closed-over values are passed in (``is_array``), what of one a traced
+    computation depends on (``key``: its shape, dtype...), and which read from a global may be taken by identity
+    because nothing can change it in place (``is_immutable``)."""
+
+    is_array: Callable[[Any], bool]
+    key: Callable[[Any], Hashable]
+    is_immutable: Callable[[Any], bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class Opened:
+    """A VJP as a key and the arrays its closure holds; ``rebuild(arrays)`` is the VJP over other arrays."""
+
+    key: Hashable
+    arrays: list[Any]
+    rebuild: Rebuild
+
+
+class _Refused(Exception):
+    """The VJP holds something whose effect on its trace a key cannot capture."""
+
+
+def opened(vjp: Callable[..., Any], arrays: Arrays) -> Opened | None:
+    """The VJP opened, or None where it holds something a key cannot capture."""
+    opening = _Opening(arrays)
+    try:
+        key, rebuild = opening.function(vjp, DEPTH)
+    except _Refused:
+        return None
+    return Opened(key, opening.found, rebuild)
+
+
+@functools.lru_cache(maxsize=1024)
+def _code_facts(code: types.CodeType) -> tuple[frozenset[str], bool]:
+    """The names the code (with the code nested in it) may read as globals, and whether it assigns to its closure
+    or to a global."""
+    names = set(code.co_names)
+    stores = any(instruction.opname in _STORES for instruction in dis.get_instructions(code))
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            nested_names, nested_stores = _code_facts(constant)
+            names |= nested_names
+            stores = stores or nested_stores
+    return frozenset(names), stores
+
+
+class _Opening:
+    """Collects the arrays of one VJP's closure, in the order its ``rebuild`` reads them."""
+
+    def __init__(self, arrays: Arrays) -> None:
+        self.arrays = arrays
+        self.found: list[Any] = []
+
+    def function(self, fn: Any, depth: int) -> tuple[Hashable, Rebuild]:
+        if not isinstance(fn, types.FunctionType) or depth < 0:
+            raise _Refused
+        code = fn.__code__
+        names, stores = _code_facts(code)
+        if stores:
+            raise _Refused
+        cells = [self.value(_contents(cell), depth) for cell in fn.__closure__ or ()]
+        defaults = [self.value(v, depth) for v in fn.__defaults__ or ()]
+        kwdefaults = {k: self.value(v, depth) for k, v in (fn.__kwdefaults__ or {}).items()}
+        key = (code, tuple(k for k, _ in cells), tuple(k for k, _ in defaults),
+               tuple((name, k) for name, (k, _) in sorted(kwdefaults.items())),
+               self.globals_key(fn, names, depth))
+        namespace, name = fn.__globals__, fn.__name__
+
+        def rebuild(arrays: list[Any]) -> types.FunctionType:
+            closure = tuple(types.CellType(build(arrays)) for _, build in cells) or None
+            made = types.FunctionType(code, namespace, name, tuple(build(arrays) for _, build in defaults) or None,
+                                      closure)
+            made.__kwdefaults__ = {k: build(arrays) for k, (_, build) in kwdefaults.items()} or None
+            return made
+
+        return key, rebuild
+
+    def value(self, value: Any, depth: int) -> tuple[Hashable, Rebuild]:
+        if type(value) in _BY_VALUE:
+            return (type(value), value), lambda arrays: value
+        if self.arrays.is_array(value):
+            index = len(self.found)
+            self.found.append(value)
+            return self.arrays.key(value), lambda arrays: arrays[index]
+        if type(value) is tuple:
+            parts = [self.value(v, depth) for v in value]
+            return (tuple, tuple(k for k, _ in parts)), lambda arrays: tuple(build(arrays) for _, build in parts)
+        if isinstance(value, _BY_IDENTITY):
+            return same(value), lambda arrays: value
+        if isinstance(value, types.FunctionType):
+            key, build = self.function(value, depth - 1)
+            return ("function", key), build
+        raise _Refused
+
+    def global_key(self, value: Any, depth: int, names: frozenset[str]) -> Hashable:
+        """A global the VJP reads, which the trace takes as it is: by value, by identity where it cannot change, a
+        module with the attributes of it that the code may read (``names``), or a function by its code, closure
+        and globals in turn."""
+        if type(value) in _BY_VALUE:
+            return type(value), value
+        if isinstance(value, types.ModuleType):
+            return same(value), self.attributes(value, depth - 1, names)
+        if isinstance(value, _BY_IDENTITY) or self.arrays.is_immutable(value):
+            return same(value)
+        if type(value) is tuple:
+            return tuple, tuple(self.global_key(v, depth, names) for v in value)
+        if isinstance(value, types.FunctionType) and depth > 0:
+            return self.function_key(value, depth - 1)
+        raise _Refused
+
+    def attribute_key(self, value: Any, depth: int, names: frozenset[str]) -> Hashable:
+        """A module's attribute the code may read (``jnp.exp``, ``torch.nn``): reassigning it makes another key. A
+        module is followed ``depth`` levels; a mutable array is refused; anything else is taken by value or by
+        identity."""
+        if type(value) in _BY_VALUE:
+            return type(value), value
+        if isinstance(value, types.ModuleType) and depth > 0:
+            return same(value), self.attributes(value, depth - 1, names)
+        if self.arrays.is_array(value) and not self.arrays.is_immutable(value):
+            raise _Refused
+        return same(value)
+
+    def attributes(self, module: types.ModuleType, depth: int, names: frozenset[str]) -> Hashable:
+        """The module's attributes of the names the code reads, each by ``attribute_key``."""
+        return tuple((name, self.attribute_key(getattr(module, name), depth, names))
+                     for name in sorted(names) if hasattr(module, name))
+
+    def function_key(self, fn: types.FunctionType, depth: int) -> Hashable:
+        names, stores = _code_facts(fn.__code__)
+        if stores:
+            raise _Refused
+        cells = tuple(self.global_key(_contents(cell), depth, names) for cell in fn.__closure__ or ())
+        defaults = tuple(self.global_key(v, depth, names) for v in fn.__defaults__ or ())
+        return fn.__code__, cells, defaults, self.globals_key(fn, names, depth)
+
+    def globals_key(self, fn: types.FunctionType, names: frozenset[str], depth: int) -> Hashable:
+        """The globals of ``fn`` that its code may read; a name it does not define (a builtin, an attribute's
+        name) as absent, so that defining it later makes another key."""
+        namespace = fn.__globals__
+        return tuple((name, self.global_key(namespace[name], depth, names)) if name in namespace else (name,)
+                     for name in sorted(names))
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not yet filled
+        raise _Refused from None

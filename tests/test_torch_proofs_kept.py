@@ -1,0 +1,246 @@
+"""The PyTorch decorator's eager machinery (issue 44): a VJP proven once per signature, with a key as strict as the
+JAX namespace's compiled embeddings; no derivative work where nothing differentiates; safe from several threads;
+bounded. Every gradient is checked against its closed form, never against the library."""
+
+import gc
+import linecache
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.autograd.forward_ad as forward_ad  # noqa: E402
+from torch.fx.graph_module import _loader  # noqa: E402
+from torch_modes import MODES  # noqa: E402
+
+import stopgrad_math.torch as sgm  # noqa: E402
+from stopgrad_math.shared import bounded_cache  # noqa: E402
+from stopgrad_math.torch import decorator_form, linear_ops  # noqa: E402
+
+X = torch.tensor([0.4, -1.3, 2.2, 0.9], dtype=torch.float64)
+SCALE = 3.0  # a global a VJP reads: reassigning it must make a new proof
+
+
+@pytest.fixture(autouse=True)
+def _fresh_proofs(monkeypatch):
+    monkeypatch.setattr(decorator_form, "_PROOFS", bounded_cache.BoundedCache(decorator_form.PROOFS_KEPT))
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    """The number of VJP traces made (each proof, or each call traced anew)."""
+    count = [0]
+    original = linear_ops.trace
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(linear_ops, "trace", counted)
+    return count
+
+
+def _scaled_sin(scale):
+    """sin with its derivative times ``scale`` (a Python number in the VJP's closure)."""
+    @sgm.custom_gradient
+    def f(x):
+        c = torch.cos(x)
+        return torch.sin(x), lambda ct: ct * c * scale
+    return f
+
+
+def _gradient(f, x):
+    x = x.detach().clone().requires_grad_(True)
+    f(x).sum().backward()
+    return x.grad
+
+
+def test_a_known_signature_traces_nothing_and_reads_this_calls_tensors(traces):
+    f = _scaled_sin(2.0)
+    _gradient(f, X)
+    made = traces[0]
+    for x in (X, X * 3.0, -X):  # other values, one signature: the proof is reused, this call's cos(x) is read
+        torch.testing.assert_close(_gradient(f, x), 2.0 * torch.cos(x), rtol=0, atol=0)
+    assert traces[0] == made == 1
+
+
+def test_a_new_closure_value_shape_dtype_or_global_makes_a_new_proof(traces):
+    torch.testing.assert_close(_gradient(_scaled_sin(2.0), X), 2.0 * torch.cos(X), rtol=0, atol=0)
+    torch.testing.assert_close(_gradient(_scaled_sin(5.0), X), 5.0 * torch.cos(X), rtol=0, atol=0)
+    assert traces[0] == 2
+    f = _scaled_sin(2.0)
+    longer, single = torch.linspace(-2, 2, 7, dtype=torch.float64), X.float()
+    torch.testing.assert_close(_gradient(f, longer), 2.0 * torch.cos(longer), rtol=0, atol=0)
+    torch.testing.assert_close(_gradient(f, single), 2.0 * torch.cos(single), rtol=0, atol=0)
+    assert traces[0] == 4
+
+    @sgm.custom_gradient
+    def global_scaled(x):
+        return torch.sin(x), lambda ct: ct * torch.cos(x) * SCALE
+
+    global SCALE
+    try:
+        for scale in (3.0, 7.0):
+            SCALE = scale
+            torch.testing.assert_close(_gradient(global_scaled, X), scale * torch.cos(X), rtol=0, atol=0)
+    finally:
+        SCALE = 3.0
+    assert traces[0] == 6
+
+
+def test_a_vjp_that_reads_a_closed_over_value_or_holds_an_object_is_traced_at_every_call(traces):
+    def reading(scale):
+        @sgm.custom_gradient
+        def f(x):
+            return torch.sin(x), lambda ct: ct * torch.cos(x) * float(scale)  # a value read: no proof by shapes
+        return f
+
+    def holding(scale):
+        box = {"scale": scale}  # mutable: no key can capture it
+
+        @sgm.custom_gradient
+        def f(x):
+            return torch.sin(x), lambda ct: ct * torch.cos(x) * box["scale"]
+        return f
+
+    for make in (reading, holding):
+        for scale in (2.0, -4.0, 2.0):
+            torch.testing.assert_close(_gradient(make(torch.tensor(scale) if make is reading else scale), X),
+                                       scale * torch.cos(X), rtol=0, atol=0)
+    assert traces[0] >= 6  # each call traced (the first by shapes too, which failed)
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "autograd.grad(create_graph)"])
+def test_the_kept_proof_gives_what_a_trace_at_every_call_gives_bit_for_bit(mode, monkeypatch):
+    f = _scaled_sin(2.0)
+    grid = torch.tensor([0.0, -0.0, 1e-300, -2.5, np.inf, -np.inf, np.nan, 1e300], dtype=torch.float64)
+    kept = [MODES[mode](f, grid) for _ in range(2)]
+    monkeypatch.setattr(decorator_form, "_known", lambda *args: None)
+    traced = MODES[mode](f, grid)
+    for result in kept:
+        torch.testing.assert_close(result, traced, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(traced[[0, 1, 2, 3, 7]], 2.0 * torch.cos(grid[[0, 1, 2, 3, 7]]), rtol=0, atol=0)
+
+
+def test_order_2_hessians_from_a_kept_proof_are_exact():
+    @sgm.custom_gradient(order=2)
+    def f(x):
+        c = torch.cos(x)
+        return torch.sin(x), lambda ct: ct * c
+
+    for x in (X, X * 2.0):
+        hessian = torch.func.hessian(lambda v: f(v).sum())(x)
+        torch.testing.assert_close(hessian, torch.diag(-torch.sin(x)))
+        v = x.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(f(v).sum(), v, create_graph=True)
+        (second,) = torch.autograd.grad(g.sum(), v)
+        torch.testing.assert_close(second, -torch.sin(x))
+
+
+def test_kept_proofs_hold_no_tensor_of_a_past_call_and_are_bounded(monkeypatch):
+    monkeypatch.setattr(decorator_form, "_PROOFS", bounded_cache.BoundedCache(4))
+    closed_over = []
+
+    @sgm.custom_gradient
+    def f(x):
+        c = torch.cos(x)
+        closed_over.append(weakref.ref(c))
+        return torch.sin(x), lambda ct: ct * c
+
+    for n in range(1, 9):  # eight signatures
+        x = torch.linspace(-1, 1, n, dtype=torch.float64)
+        torch.testing.assert_close(_gradient(f, x), torch.cos(x), rtol=0, atol=0)
+    gc.collect()
+    assert all(ref() is None for ref in closed_over)
+    assert len(decorator_form._PROOFS) == 4
+
+
+def test_where_nothing_differentiates_the_call_is_f_alone_and_the_vjp_is_not_called():
+    called = []
+
+    @sgm.custom_gradient
+    def f(x):
+        def vjp(ct):
+            called.append(ct)
+            return ct * torch.cos(x)
+        return torch.sin(x), vjp
+
+    y = f(X)
+    assert not y.requires_grad and torch.equal(y, torch.sin(X))
+    with torch.no_grad():
+        y = f(X.clone().requires_grad_(True))
+    assert not y.requires_grad and torch.equal(y, torch.sin(X))
+    with torch.inference_mode():
+        assert torch.equal(f(X), torch.sin(X))
+    assert called == []
+    for mode in ("backward", "forward_ad", "func.grad", "func.jvp", "func.vmap(func.grad)"):
+        torch.testing.assert_close(MODES[mode](f, X), torch.cos(X), rtol=0, atol=0)
+    with forward_ad.dual_level():  # a dual argument without requires_grad still gets its derivative
+        dual = forward_ad.make_dual(X, torch.ones_like(X))
+        torch.testing.assert_close(forward_ad.unpack_dual(f(dual)).tangent, torch.cos(X), rtol=0, atol=0)
+
+
+def test_eight_threads_of_eager_calls_get_exact_gradients():
+    """make_fx keeps global state: two traces at once failed with ``CURRENT_PATCHER is None``. Each thread has its
+    own shapes (proofs made at once) and a VJP that is traced at every call."""
+    @sgm.custom_gradient
+    def kept(x):
+        c = torch.cos(x)
+        return torch.sin(x), lambda ct: ct * c
+
+    @sgm.custom_gradient
+    def traced(x):
+        s = torch.tensor(2.0)
+        return torch.sin(x), lambda ct: ct * torch.cos(x) * float(s)
+
+    errors, done = [], []
+
+    def work(k):
+        try:
+            for step in range(12):
+                x = torch.linspace(-2, 2, 3 + k + step % 3, dtype=torch.float64)
+                torch.testing.assert_close(_gradient(kept, x), torch.cos(x), rtol=0, atol=0)
+                torch.testing.assert_close(_gradient(traced, x), 2.0 * torch.cos(x), rtol=0, atol=0)
+            done.append(k)
+        except Exception as error:  # reported below, with its thread
+            errors.append((k, repr(error)))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and sorted(done) == list(range(8))
+
+
+def test_fx_source_caches_and_memory_stay_flat_over_many_eager_calls():
+    """Each traced module left its source in FX's cache and in linecache, never freed: 3 entries a call."""
+    import tracemalloc
+
+    f = _scaled_sin(2.0)
+
+    @sgm.custom_gradient
+    def traced(x):
+        s = torch.tensor(2.0)
+        return torch.sin(x), lambda ct: ct * torch.cos(x) * float(s)
+
+    x = X.clone().requires_grad_(True)
+    for fn in (f, traced):
+        fn(x).sum().backward()
+    sizes = len(_loader.eval_cache), len(linecache.cache)
+    tracemalloc.start()
+    for _ in range(2000):
+        f(x).sum().backward()
+    for _ in range(100):
+        traced(x).sum().backward()
+    gc.collect()
+    first, _ = tracemalloc.get_traced_memory()
+    for _ in range(8000):
+        f(x).sum().backward()
+    gc.collect()
+    last, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert (len(_loader.eval_cache), len(linecache.cache)) == sizes
+    assert last - first < 256 * 1024, (first, last)
