@@ -214,17 +214,20 @@ def step_cell(phase: str, batch: int, width: int, blocks: int, min_time: float, 
 
 
 def first_compile_rows(batch: int, width: int, device: str) -> list[dict]:
-    """Seconds of the first call of the compiled step, from a fresh Dynamo: compile time, each implementation
-    once (the anchor's row a ratio of 1)."""
+    """Seconds of the first call of the compiled step, from a fresh Dynamo with Inductor's and AOTAutograd's
+    caches off: compile time, each implementation once (the anchor's row a ratio of 1)."""
     x = torch.linspace(-3.0, 3.0, batch * width, device=device).reshape(batch, width)
     seconds = {}
+    caches = {"fx_graph_cache": False, "autotune_local_cache": False}  # Inductor's compiled graphs, kept on disk
+    caches = {k: v for k, v in caches.items() if hasattr(torch._inductor.config, k)}
     for name in IMPLEMENTATIONS:
         torch._dynamo.reset()
         step = step_programs(name, "MLP step, compiled", width, device)
-        start = time.perf_counter()
-        step(x)
-        _synchronize(x)
-        seconds[name] = time.perf_counter() - start
+        with torch._inductor.config.patch(caches), torch._functorch.config.patch(enable_autograd_cache=False):
+            start = time.perf_counter()
+            step(x)
+            _synchronize(x)
+            seconds[name] = time.perf_counter() - start
     return [_row(batch * width, FIRST_COMPILE, name, [seconds]) for name in seconds]
 
 
@@ -253,7 +256,7 @@ def markdown(rows: list[dict], device: str, batch: int = 0, width: int = 0) -> s
              "interleaved calls, with its range over the blocks (run-to-run noise). Compiled: log1pexp under "
              "`torch.compile(fullgraph=True)`, its backward compiled by AOTAutograd, the anchor without its `jvp` "
              "(which `torch.compile` refuses).", ""]
-    for phase in PHASES:
+    for phase in [p for p in PHASES if any(r["phase"] == p for r in rows)]:
         lines += [f"## {phase}", "", "| implementation | " + " | ".join(f"n = {n:.0e}" for n in sizes) + " |",
                   "|---|" + "---|" * len(sizes)]
         for name in implementations(phase):
@@ -291,10 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds of repeats per block")
     parser.add_argument("--batch", type=int, default=256, help="the training step's batch (0: no step rows)")
     parser.add_argument("--width", type=int, default=1024, help="the training step's layer width")
+    parser.add_argument("--steps-only", action="store_true", help="the training step's rows alone")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sizes = args.sizes or ([10**6, 10**7, 10**8] if device == "cuda" else [10**3, 10**5, 10**6])
-    rows = [row for n in sizes for phase in PHASES for row in run_cell(n, phase, args.blocks, args.min_time, device)]
+    rows = [] if args.steps_only else [row for n in sizes for phase in PHASES
+                                       for row in run_cell(n, phase, args.blocks, args.min_time, device)]
     if args.batch:
         rows += [row for phase in STEPS
                  for row in step_cell(phase, args.batch, args.width, args.blocks, args.min_time, device)]

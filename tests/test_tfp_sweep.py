@@ -9,9 +9,9 @@ make, TFP itself raising, or an entry that does not reach the factory on this po
 
 ``make test`` runs the sweep in eager mode; ``make test-tfp-sweep`` (which ``.ci/run`` runs after it) runs the
 rest: the second derivatives of every entry, and tf.function and XLA for one entry per custom-gradient function:
-the first, TFP's math functions first, whose arguments the table makes (``STOPGRAD_TFP_SWEEP=full``). Every entry in every mode
-took 28 minutes on two cores; compiling TFP's functions twice is the cost, and what a compiled mode can break is
-the decorator around a custom gradient, which one entry per custom gradient meets.
+the first, TFP's math functions first, whose arguments the table makes (``STOPGRAD_TFP_SWEEP=full``). Every
+entry in every mode took 28 minutes on two cores; compiling TFP's functions twice is the cost, and what a
+compiled mode can break is the decorator around a custom gradient, which one entry per custom gradient meets.
 """
 
 import functools

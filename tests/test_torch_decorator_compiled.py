@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from packaging.version import Version  # noqa: E402
-from torch_modes import COMPILED_MODES, bits  # noqa: E402
+from torch_modes import COMPILED_MODES, bits, fresh_compilation  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
 
@@ -18,8 +18,8 @@ X = torch.tensor([-1.0, 0.0, 2.0, 100.0])
 
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()  # each test compiles anew (and proves anew): nothing carried over from another test
+def _fresh_dynamo(monkeypatch):
+    fresh_compilation(monkeypatch)  # each test compiles anew (and proves anew): nothing carried over from another
 
 
 def compiled(fn, **options):
@@ -206,3 +206,31 @@ def test_a_one_element_y_keeps_an_infinite_derivative():
     x = torch.tensor([0.0, 4.0], requires_grad=True)
     compiled(f)(x).backward()
     assert x.grad.tolist() == [math.inf, 0.25]
+
+
+def test_one_compiled_program_proves_a_decorated_function_once_for_its_calls(monkeypatch):
+    """Three calls of one f on one shape in a compiled program (an activation in three layers): one proof, each
+    call's gradient exact."""
+    from stopgrad_math.torch import decorator_form
+
+    proofs = []
+    original = decorator_form._proof_of_f
+    monkeypatch.setattr(decorator_form, "_proof_of_f", lambda *args: proofs.append(1) or original(*args))
+    weights = [torch.tensor([[0.5, -1.0], [2.0, 0.25]], dtype=torch.float64) * k for k in (1.0, 0.5, 2.0)]
+
+    def net(x):
+        for w in weights:
+            x = log1pexp(x @ w)
+        return x.sum()
+
+    def plain(x):
+        for w in weights:
+            x = torch.nn.functional.softplus(x @ w)
+        return x.sum()
+
+    x = torch.tensor([[0.3, -0.7], [1.5, 0.1]], dtype=torch.float64)
+    mine, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    compiled(net)(mine).backward()
+    plain(theirs).backward()
+    torch.testing.assert_close(mine.grad, theirs.grad)
+    assert len(proofs) == 1

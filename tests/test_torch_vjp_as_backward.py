@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.autograd.forward_ad as forward_ad  # noqa: E402
 from torch.autograd.function import once_differentiable  # noqa: E402
-from torch_modes import COMPILED_MODES, MODES  # noqa: E402
+from torch_modes import COMPILED_MODES, MODES, fresh_compilation  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
 
@@ -20,8 +20,8 @@ X = torch.tensor([0.4, -1.3, 2.2, 0.9], dtype=torch.float64)
 
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()  # each test compiles anew: one decorated f after another would reach the recompile limit
+def _fresh_dynamo(monkeypatch):
+    fresh_compilation(monkeypatch)  # each test compiles anew: one f after another would reach the recompile limit
 FIRST_ORDER = [m for m in MODES if m != "autograd.grad(create_graph)"]
 
 

@@ -51,6 +51,16 @@ COMPILED_MODES = {
 """torch.compile with fullgraph=True: a graph break raises."""
 
 
+def fresh_compilation(monkeypatch):
+    """Dynamo reset, and the decorator's proofs made while compiling forgotten: a test compiles and proves anew,
+    with whatever it patches in place."""
+    from stopgrad_math.shared import bounded_cache
+    from stopgrad_math.torch import decorator_form
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(decorator_form, "_PROVEN_WHILE_COMPILING", bounded_cache.BoundedCache(4))
+
+
 AWKWARD = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25, 3e4, 1e-30]
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64}

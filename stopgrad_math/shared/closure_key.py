@@ -85,16 +85,31 @@ def opened(vjp: Callable[..., Any], arrays: Arrays) -> Opened | None:
 
 @functools.lru_cache(maxsize=1024)
 def _code_facts(code: types.CodeType) -> tuple[frozenset[str], bool]:
-    """The names the code (with the code nested in it) may read as globals, and whether it assigns to its closure
-    or to a global."""
+    """The names the code (with the code nested in it) may read as globals, and whether it assigns to a global or
+    to its closure (a ``nonlocal`` of a name it closes over; assigning the cells it makes for the functions it
+    defines, as f does for its VJP, is its own business)."""
+    names, stores_global, stored_free = _facts(code)
+    return names, stores_global or bool(stored_free)
+
+
+def _facts(code: types.CodeType) -> tuple[frozenset[str], bool, frozenset[str]]:
+    """names read as globals, whether a global is assigned, and which of the code's free variables are assigned
+    (by it, or by the code nested in it)"""
     names = set(code.co_names)
-    stores = any(instruction.opname in _STORES for instruction in dis.get_instructions(code))
+    stores_global, stored = False, set()
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _STORES:
+            if instruction.opname.endswith("GLOBAL"):
+                stores_global = True
+            else:
+                stored.add(instruction.argval)
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
-            nested_names, nested_stores = _code_facts(constant)
+            nested_names, nested_global, nested_stored = _facts(constant)
             names |= nested_names
-            stores = stores or nested_stores
-    return frozenset(names), stores
+            stores_global = stores_global or nested_global
+            stored |= nested_stored
+    return frozenset(names), stores_global, frozenset(stored & set(code.co_freevars))
 
 
 class _Opening:

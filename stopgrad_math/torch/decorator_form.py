@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -312,11 +312,34 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
 @torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
 def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any,
                          tensors: tuple[int, ...], cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
+    """``_proof_of_f``, made once for f's key (``vjp_closure.keyed``: its code, closure and globals) and what it is
+    given: a decorated function called at several places of one compiled program is proven once. Its name is
+    Dynamo's for the constant it keeps in the globals of the compiled function (torch 2.6 to 2.13), where it
+    should meet nothing of the user's."""
+    opened = vjp_closure.keyed(f)
+    key: Hashable = None
+    if opened is not None:
+        key = (opened.key, names, order, pytree.tree_structure(skeleton), tensors, cotangents, flat)
+        try:
+            hash(key)
+        except TypeError:  # a leaf that is not hashable: proven at each compilation
+            key = None
+    known = None if key is None else _PROVEN_WHILE_COMPILING.get(key)
+    if known is not None:
+        return known
+    proof = _proof_of_f(f, names, order, skeleton, tensors, cotangents, *flat)
+    return proof if key is None else _PROVEN_WHILE_COMPILING.put(key, proof)
+
+
+_PROVEN_WHILE_COMPILING: bounded_cache.BoundedCache[tuple[int, ...]] = bounded_cache.BoundedCache(PROOFS_KEPT)
+
+
+def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any, tensors: tuple[int, ...],
+                cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
     """The argument leaves whose cotangent is linear (``_proven_states``), from f and its VJP traced together on
     fake tensors: f's own ops read no cotangent, so only the VJP's are judged. ``skeleton``: the nest
     ``(args, kwargs)``, ``flat`` its leaves, those at ``tensors`` as (shape, dtype, device); ``cotangents``: (shape,
-    dtype, device) of y's differentiable leaves. Its name is Dynamo's for the constant it keeps in the globals of
-    the compiled function (torch 2.6 to 2.13), where it should meet nothing of the user's."""
+    dtype, device) of y's differentiable leaves."""
     structure = pytree.tree_structure(skeleton)
     count = len(cotangents)
     read: list[_Cotangents] = []
@@ -470,10 +493,11 @@ def _forward_mode_possible() -> bool:
             or second_derivative_guard.in_transform())
 
 
-def _differentiating(args: tuple[Any, ...]) -> bool:
-    """Whether a derivative of the call may be taken: an argument that requires grad in grad mode, a forward-mode
-    level, a torch.func transform, a trace (make_fx's, an outer VJP's) or a compilation. Where none is, the call
-    is f's value alone, as a Function's forward without grad, and the VJP is not called."""
+def differentiating(args: Sequence[Any]) -> bool:
+    """Whether a derivative of a call on ``args`` (a nest) may be taken: an argument that requires grad in grad
+    mode, a forward-mode level, a torch.func transform, a trace (make_fx's, an outer VJP's) or a compilation.
+    Where none is, a decorated call is f's value alone, as a Function's forward without grad, and the VJP is not
+    called; the identity form is fx."""
     if _forward_mode_possible() or torch._C._len_torch_dispatch_stack():
         return True
     if not torch.is_grad_enabled():
@@ -485,7 +509,7 @@ def _differentiating(args: tuple[Any, ...]) -> bool:
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any], order: int,
            guard: bool) -> Any:
     name = name_of(f)
-    if not _differentiating(args):
+    if not differentiating(args):
         return call_f(f, args, kwargs)[0]
     leaves = Leaves.of_arguments(args, names)
     if not leaves.differentiable:
