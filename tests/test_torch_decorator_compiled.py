@@ -234,3 +234,39 @@ def test_one_compiled_program_proves_a_decorated_function_once_for_its_calls(mon
     plain(theirs).backward()
     torch.testing.assert_close(mine.grad, theirs.grad)
     assert len(proofs) == 1
+
+
+def _compiled_over_sizes(f, sizes):
+    """The gradient of sum(f) compiled (fullgraph), called at each size twice; the graphs Dynamo made."""
+    import torch._dynamo.utils as dynamo_utils
+
+    dynamo_utils.counters.clear()
+    loss = compiled(lambda x: f(x).sum())
+    for n in [*sizes, *sizes]:
+        x = torch.linspace(-3.0, 3.0, n, dtype=torch.float64, requires_grad=True)
+        loss(x).backward()
+        torch.testing.assert_close(x.grad, torch.sigmoid(x.detach()), rtol=0, atol=1e-15)
+    return dynamo_utils.counters["stats"]["unique_graphs"]
+
+
+def test_thirty_two_calls_over_sixteen_sizes_prove_once_for_any_size():
+    """A proof for shapes of their rank alone: Dynamo guards no size, and its automatic dynamic shapes compile one
+    more graph after the first (the 9th size reached the recompile limit, which fullgraph=True raises)."""
+    assert _compiled_over_sizes(log1pexp, range(2, 18)) <= 3
+
+
+def test_a_vjp_written_as_a_backward_is_proven_per_size_a_limit():
+    """A VJP under no_grad is embedded through graphs made for one size: each size recompiles, and the 9th reaches
+    Dynamo's recompile limit, which fullgraph=True raises (never a wrong number)."""
+    @sgm.custom_gradient
+    def no_grad_log1pexp(x):
+        def vjp(ct):
+            with torch.no_grad():
+                return ct * torch.sigmoid(x)
+        return torch.logaddexp(x, torch.zeros((), dtype=x.dtype)), vjp
+
+    assert _compiled_over_sizes(no_grad_log1pexp, range(2, 6)) == 4
+    limits = tuple(getattr(torch._dynamo.exc, name) for name in ("FailOnRecompileLimitHit", "RecompileLimitExceeded")
+                   if hasattr(torch._dynamo.exc, name))  # (torch 2.6 raises the second)
+    with pytest.raises(limits):
+        _compiled_over_sizes(no_grad_log1pexp, range(6, 18))

@@ -49,7 +49,7 @@ from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.shared.linearity import Judged
 from stopgrad_math.torch import identity, linear_ops, second_derivative_guard, vjp_closure
-from stopgrad_math.torch.vjp_conventions import Leaves, argument_cotangents, stand_in
+from stopgrad_math.torch.vjp_conventions import Leaves, argument_cotangents, stand_in, structure_key
 
 # ---------------------------------------------------------------- the VJP, traced and proven linear
 
@@ -263,8 +263,8 @@ def _signature(cotangents: _Cotangents, opened: closure_key.Opened, order: int) 
         outputs = tuple(_leaf_key(v) for v in cotangents.outputs.values)
     except TypeError:
         return None
-    return (opened.key, name_of(cotangents.f), tuple(cotangents.names), order, cotangents.leaves.structure, leaves,
-            cotangents.outputs.structure, outputs)
+    return (opened.key, name_of(cotangents.f), tuple(cotangents.names), order,
+            structure_key(cotangents.leaves.structure), leaves, structure_key(cotangents.outputs.structure), outputs)
 
 
 def _leaf_key(value: Any) -> Hashable:
@@ -275,10 +275,14 @@ def _leaf_key(value: Any) -> Hashable:
     raise TypeError(type(value).__name__)
 
 
-def _shape_of(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
-    """What a stand-in is made of, under Dynamo: each a constant of the graph. A dynamic size is specialized (a
-    range's length is one Dynamo must know), so the proof is for this shape, and another recompiles and proves."""
-    return tuple(len(range(n)) for n in tensor.shape), tensor.dtype, tensor.device
+def _shape_of(tensor: torch.Tensor, specialized: bool) -> tuple[tuple[int | None, ...], torch.dtype, torch.device]:
+    """What a stand-in is made of, under Dynamo: each a constant of the graph. First the rank alone (each size
+    None), so that one proof serves every size and Dynamo guards none; ``specialized``: the sizes (a range's
+    length is one Dynamo must know, and a dynamic size is specialized by it), so the proof is for this shape, and
+    another recompiles and proves. (Dynamo shows a dynamic size as an int: none can be told apart.)"""
+    if specialized:
+        return tuple(len(range(n)) for n in tensor.shape), tensor.dtype, tensor.device
+    return tuple(None for _ in tensor.shape), tensor.dtype, tensor.device
 
 
 Linear = Callable[..., list[torch.Tensor]]
@@ -288,8 +292,8 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
                             names: list[str], order: int) -> tuple[list[int], Linear | None, Linear | None]:
     """``_proven`` where Dynamo traces the call. The VJP there is Dynamo's variable, not a function make_fx can
     trace again, so ``_stopgrad_math_proof`` traces f and its VJP anew, on fake tensors of the arguments' shapes:
-    a constant of the graph to Dynamo, made as it traces, and again when it recompiles for another f, shape or
-    dtype. What it is given must be constants to Dynamo: the nest ``(args, kwargs)`` with every leaf None, then
+    a constant of the graph to Dynamo, made as it traces, and again when it recompiles for another f, rank or
+    dtype; first for the ranks alone (``_shape_of``), then, where that proof does not serve, for the sizes. What it is given must be constants to Dynamo: the nest ``(args, kwargs)`` with every leaf None, then
     each tensor leaf as (shape, dtype, device) and each other leaf as itself, one argument apiece (an object or a
     module is taken as it is there, guarded by its identity, and not inside a tuple). Where the proof registered
     the map and its transpose (``_registered``), they come back as functions of y's cotangents and of v, run on
@@ -300,8 +304,12 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
     tensors = tuple(k for k, v in enumerate(flat) if isinstance(v, torch.Tensor))
     order = 1 if order == 1 else 2  # a constant: with dynamic=True Dynamo takes a closed-over int for an input
     key, *kept = _stopgrad_math_proof(f, tuple(names), order, skeleton, tensors,
-                                      tuple(_shape_of(t) for t in outputs.tensors()),
-                                      *[_shape_of(v) if isinstance(v, torch.Tensor) else v for v in flat])
+                                      tuple(_shape_of(t, False) for t in outputs.tensors()),
+                                      *[_shape_of(v, False) if isinstance(v, torch.Tensor) else v for v in flat])
+    if key == _PER_SIZE:
+        key, *kept = _stopgrad_math_proof(f, tuple(names), order, skeleton, tensors,
+                                          tuple(_shape_of(t, True) for t in outputs.tensors()),
+                                          *[_shape_of(v, True) if isinstance(v, torch.Tensor) else v for v in flat])
     if key < 0:
         return kept, None, None
     stopped = [identity.stop(flat[k]) for k in tensors]
@@ -312,14 +320,15 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
 @torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
 def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any,
                          tensors: tuple[int, ...], cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
-    """``_proof_of_f``, made once for f's key (``vjp_closure.keyed``: its code, closure and globals) and what it is
-    given: a decorated function called at several places of one compiled program is proven once. Its name is
+    """``_proof_for_any_size`` (shapes of their rank alone) or ``_proof_of_f``, made once for f's key
+    (``vjp_closure.keyed``: its code, closure and globals) and what it is given: a decorated function called at
+    several places of one compiled program is proven once. Its name is
     Dynamo's for the constant it keeps in the globals of the compiled function (torch 2.6 to 2.13), where it
     should meet nothing of the user's."""
     opened = vjp_closure.keyed(f)
     key: Hashable = None
     if opened is not None:
-        key = (opened.key, names, order, pytree.tree_structure(skeleton), tensors, cotangents, flat)
+        key = (opened.key, names, order, structure_key(pytree.tree_structure(skeleton)), tensors, cotangents, flat)
         try:
             hash(key)
         except TypeError:  # a leaf that is not hashable: proven at each compilation
@@ -327,7 +336,9 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
     known = None if key is None else _PROVEN_WHILE_COMPILING.get(key)
     if known is not None:
         return known
-    proof = _proof_of_f(f, names, order, skeleton, tensors, cotangents, *flat)
+    any_size = any(n is None for shape, _, _ in [*cotangents, *(flat[k] for k in tensors)] for n in shape)
+    prove = _proof_for_any_size if any_size else _proof_of_f
+    proof = prove(f, names, order, skeleton, tensors, cotangents, *flat)
     return proof if key is None else _PROVEN_WHILE_COMPILING.put(key, proof)
 
 
@@ -335,7 +346,7 @@ _PROVEN_WHILE_COMPILING: bounded_cache.BoundedCache[tuple[int, ...]] = bounded_c
 
 
 def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any, tensors: tuple[int, ...],
-                cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
+                cotangents: tuple[Any, ...], *flat: Any, registering: bool = True) -> tuple[int, ...]:
     """The argument leaves whose cotangent is linear (``_proven_states``), from f and its VJP traced together on
     fake tensors: f's own ops read no cotangent, so only the VJP's are judged. ``skeleton``: the nest
     ``(args, kwargs)``, ``flat`` its leaves, those at ``tensors`` as (shape, dtype, device); ``cotangents``: (shape,
@@ -362,7 +373,7 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
             kept = _proven_states(read[-1], traced.states())
             if not kept:  # nothing to embed: y keeps a zero derivative, whatever the VJP's autodiff
                 return (-1,)
-            if order == 1 and traced.literals == set(range(len(traced.constants))) and all(
+            if registering and order == 1 and traced.literals == set(range(len(traced.constants))) and all(
                     c.numel() == 1 for c in traced.constants):
                 return (_registered(traced, [read[-1].found.index(k) for k in kept],
                                     [examples[count + tensors.index(k)] for k in kept], examples, count), *kept)
@@ -380,6 +391,32 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
                          "the vjp as written, which would not give that map: there, pass that tensor to f as an "
                          "argument, or write the vjp in grad mode with no stop on the cotangent's path.")
     return (-1, *kept)
+
+
+_PER_SIZE = -2  # a proof for any size failed: prove for this size, which Dynamo then guards
+_ANY_SIZE = 5  # a dynamic size's stand-in (not 0 or 1, which make_fx and broadcasting treat apart)
+
+
+def _proof_for_any_size(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any,
+                        tensors: tuple[int, ...], cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
+    """``_proof_of_f`` for shapes of their rank alone (sizes None): traced with each size ``_ANY_SIZE``, it serves
+    every size where the VJP is differentiated as Dynamo traces it (``differentiated_as_traced``; its ops are
+    judged linear whatever the sizes), with no graph registered for one size. Anything else (a VJP written as a
+    backward, a trace that fails at the stand-in sizes, a refusal) is ``_PER_SIZE``: proven again at this call's
+    sizes, which embeds it as a backward or raises what is wrong there."""
+    def standing_in(leaf: Any) -> Any:
+        if not (isinstance(leaf, tuple) and len(leaf) == 3 and isinstance(leaf[0], tuple)):
+            return leaf
+        shape, dtype, device = leaf
+        return tuple(_ANY_SIZE if n is None else n for n in shape), dtype, device
+
+    stand_ins = [standing_in(v) if k in tensors else v for k, v in enumerate(flat)]
+    try:
+        proof = _proof_of_f(f, names, order, skeleton, tensors, tuple(standing_in(c) for c in cotangents),
+                            *stand_ins, registering=False)
+    except Exception:  # said again, at this call's sizes, by the proof that follows
+        return (_PER_SIZE,)
+    return proof
 
 
 _COMPILED: dict[int, torch.fx.GraphModule] = {}

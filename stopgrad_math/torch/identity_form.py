@@ -141,7 +141,7 @@ def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False
     fx = identity.inexact_tensor(fx, "fx")
     planned = [(label, *_checked(fx, label, g, leaf)) for label, g, leaf in _leaves(gx, x) if g is not None]
     if not decorator_form.differentiating([fx, *(t for _, _, g, leaf in planned for t in (g, leaf))]):
-        return fx.clone()  # fx's value as a tensor of its own, as the identity's is; no derivative can be taken
+        return torch.clone(fx)  # fx's value as a tensor of its own, as the identity's is; nothing can differentiate
     if not fx_gx_manually_stopped:
         fx = identity.stop(fx)
         planned = [(label, layout, identity.stop(g), leaf) for label, layout, g, leaf in planned]

@@ -66,6 +66,17 @@ class Leaves:
         return [self.values[k] for k in self.differentiable]
 
 
+def structure_key(spec: Any) -> Any:
+    """A pytree's structure as a key: the TreeSpec itself where it hashes (torch 2.13), else (torch 2.6, whose
+    TreeSpec holds lists) its node type, context and children's keys."""
+    try:
+        hash(spec)
+        return spec
+    except TypeError:
+        context = tuple(spec.context) if isinstance(spec.context, list) else spec.context
+        return spec.type, context, tuple(structure_key(child) for child in spec.children_specs)
+
+
 def stand_in(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
     """A maker of a plain tensor of the shape, dtype and device the tensor shows (its logical shape under
     ``vmap``), read now."""
