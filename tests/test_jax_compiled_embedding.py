@@ -4,6 +4,7 @@ capture is traced at every call, as before."""
 
 import sys
 import types
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -128,3 +129,21 @@ def test_the_key_holds_shapes_and_numbers_and_the_arrays_go_in_as_arguments():
     for refused in ([1.0], {"a": 1.0}, object()):
         assert vjp_closure.opened(make(refused, 2.0)) is None, refused
     assert vjp_closure.opened(lambda ct: ct * np.ones(3)) is not None  # a module attribute, by identity
+
+
+class _Settings:
+    scale = 2.0
+    table: ClassVar[dict[str, float]] = {"scale": 2.0}
+
+
+def test_a_class_attribute_is_in_the_key_and_a_mutable_one_is_refused():
+    """A class attribute the VJP reads can be reassigned as a module's can: by identity alone, the kept embedding
+    would keep the old value."""
+    vjp = lambda ct: ct * _Settings.scale  # noqa: E731
+    before = vjp_closure.opened(vjp).key
+    try:
+        _Settings.scale = 3.0
+        assert vjp_closure.opened(vjp).key != before
+    finally:
+        _Settings.scale = 2.0
+    assert vjp_closure.opened(lambda ct: ct * _Settings.table["scale"]) is None

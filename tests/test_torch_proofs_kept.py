@@ -244,3 +244,22 @@ def test_fx_source_caches_and_memory_stay_flat_over_many_eager_calls():
     tracemalloc.stop()
     assert (len(_loader.eval_cache), len(linecache.cache)) == sizes
     assert last - first < 256 * 1024, (first, last)
+
+
+class Config:
+    scale = 2.0  # a class attribute a VJP reads: reassigning it must make a new proof
+
+
+def test_a_reassigned_class_attribute_makes_a_new_proof_and_a_dtype_in_the_closure_is_keyed(traces):
+    @sgm.custom_gradient
+    def f(x):
+        dtype = x.dtype
+        return torch.sin(x), lambda ct: (ct * torch.cos(x) * Config.scale).to(dtype)
+
+    try:
+        for scale in (2.0, 5.0, 5.0):
+            Config.scale = scale
+            torch.testing.assert_close(_gradient(f, X), scale * torch.cos(X), rtol=0, atol=0)
+    finally:
+        Config.scale = 2.0
+    assert traces[0] == 2

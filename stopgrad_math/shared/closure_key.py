@@ -13,14 +13,15 @@ says (``Arrays``).
 
 What is in the key, and so makes new work when it changes: the code; each
 value in the closure and the defaults that is a Python number, string, tuple
-or ``None`` (by value), a module, class or builtin (by identity), or a nested
+or ``None`` (by value), a builtin (by identity), a module or class (by
+identity, with its attributes of the names the code reads), or a nested
 function (opened in turn, two levels deep); each array's ``Arrays.key``; and
 every global the code may read, by value where it is a number or string, by
-identity where it is a class, builtin or an array the framework calls
-immutable, by code, closure and globals where it is a function, and a module
-with its attributes of the names the code reads (``jnp.exp``, ``torch.exp``,
-a float a module holds), so that reassigning one between calls makes another
-key.
+identity where it is a builtin or an array the framework calls immutable, by
+code, closure and globals where it is a function, and a module or class with
+its attributes of the names the code reads (``jnp.exp``, ``torch.exp``, a
+float a module or a class holds), so that reassigning one between calls makes
+another key.
 
 Refused (None), so that the decorator traces the VJP anew at every call: a
 VJP whose closure holds anything mutable or opaque (a list, a dict, an object
@@ -53,11 +54,13 @@ Rebuild = Callable[[list[Any]], Any]
 class Arrays:
     """A framework's arrays: which closed-over values are passed in (``is_array``), what of one a traced
     computation depends on (``key``: its shape, dtype...), and which read from a global may be taken by identity
-    because nothing can change it in place (``is_immutable``)."""
+    because nothing can change it in place (``is_immutable``); and its immutable values taken by value
+    (``constants``)."""
 
     is_array: Callable[[Any], bool]
     key: Callable[[Any], Hashable]
     is_immutable: Callable[[Any], bool]
+    constants: tuple[type, ...] = ()  # the framework's immutable values, keyed by value (a dtype, a device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +129,9 @@ class _Opening:
         names, stores = _code_facts(code)
         if stores:
             raise _Refused
-        cells = [self.value(_contents(cell), depth) for cell in fn.__closure__ or ()]
-        defaults = [self.value(v, depth) for v in fn.__defaults__ or ()]
-        kwdefaults = {k: self.value(v, depth) for k, v in (fn.__kwdefaults__ or {}).items()}
+        cells = [self.value(_contents(cell), depth, names) for cell in fn.__closure__ or ()]
+        defaults = [self.value(v, depth, names) for v in fn.__defaults__ or ()]
+        kwdefaults = {k: self.value(v, depth, names) for k, v in (fn.__kwdefaults__ or {}).items()}
         key = (code, tuple(k for k, _ in cells), tuple(k for k, _ in defaults),
                tuple((name, k) for name, (k, _) in sorted(kwdefaults.items())),
                self.globals_key(fn, names, depth))
@@ -143,18 +146,19 @@ class _Opening:
 
         return key, rebuild
 
-    def value(self, value: Any, depth: int) -> tuple[Hashable, Rebuild]:
-        if type(value) in _BY_VALUE:
+    def value(self, value: Any, depth: int, names: frozenset[str]) -> tuple[Hashable, Rebuild]:
+        """A value in the closure or the defaults; ``names``: those the code may read as attributes."""
+        if type(value) in _BY_VALUE or type(value) in self.arrays.constants:
             return (type(value), value), lambda arrays: value
         if self.arrays.is_array(value):
             index = len(self.found)
             self.found.append(value)
             return self.arrays.key(value), lambda arrays: arrays[index]
         if type(value) is tuple:
-            parts = [self.value(v, depth) for v in value]
+            parts = [self.value(v, depth, names) for v in value]
             return (tuple, tuple(k for k, _ in parts)), lambda arrays: tuple(build(arrays) for _, build in parts)
         if isinstance(value, _BY_IDENTITY):
-            return same(value), lambda arrays: value
+            return self.global_key(value, depth, names), lambda arrays: value
         if isinstance(value, types.FunctionType):
             key, build = self.function(value, depth - 1)
             return ("function", key), build
@@ -164,9 +168,9 @@ class _Opening:
         """A global the VJP reads, which the trace takes as it is: by value, by identity where it cannot change, a
         module with the attributes of it that the code may read (``names``), or a function by its code, closure
         and globals in turn."""
-        if type(value) in _BY_VALUE:
+        if type(value) in _BY_VALUE or type(value) in self.arrays.constants:
             return type(value), value
-        if isinstance(value, types.ModuleType):
+        if isinstance(value, (types.ModuleType, type)):  # a class attribute can be reassigned as a module's can
             return same(value), self.attributes(value, depth - 1, names)
         if isinstance(value, _BY_IDENTITY) or self.arrays.is_immutable(value):
             return same(value)
@@ -177,15 +181,16 @@ class _Opening:
         raise _Refused
 
     def attribute_key(self, value: Any, depth: int, names: frozenset[str]) -> Hashable:
-        """A module's attribute the code may read (``jnp.exp``, ``torch.nn``): reassigning it makes another key. A
-        module is followed ``depth`` levels; a mutable array is refused; anything else is taken by value or by
-        identity."""
-        if type(value) in _BY_VALUE:
+        """A module's or a class's attribute the code may read (``jnp.exp``, ``torch.nn``, ``Config.scale``):
+        reassigning it makes another key. A module or class is followed ``depth`` levels; a mutable array or
+        container is refused; anything else is taken by value or by identity."""
+        if type(value) in _BY_VALUE or type(value) in self.arrays.constants:
             return type(value), value
-        if isinstance(value, types.ModuleType) and depth > 0:
+        if isinstance(value, (types.ModuleType, type)) and depth > 0:
             return same(value), self.attributes(value, depth - 1, names)
-        if self.arrays.is_array(value) and not self.arrays.is_immutable(value):
-            raise _Refused
+        if isinstance(value, (list, dict, set, bytearray)) or (
+                self.arrays.is_array(value) and not self.arrays.is_immutable(value)):
+            raise _Refused  # changed in place, it would not change the key
         return same(value)
 
     def attributes(self, module: types.ModuleType, depth: int, names: frozenset[str]) -> Hashable:

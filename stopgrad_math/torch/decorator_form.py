@@ -293,9 +293,10 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
     """``_proven`` where Dynamo traces the call. The VJP there is Dynamo's variable, not a function make_fx can
     trace again, so ``_stopgrad_math_proof`` traces f and its VJP anew, on fake tensors of the arguments' shapes:
     a constant of the graph to Dynamo, made as it traces, and again when it recompiles for another f, rank or
-    dtype; first for the ranks alone (``_shape_of``), then, where that proof does not serve, for the sizes. What it is given must be constants to Dynamo: the nest ``(args, kwargs)`` with every leaf None, then
-    each tensor leaf as (shape, dtype, device) and each other leaf as itself, one argument apiece (an object or a
-    module is taken as it is there, guarded by its identity, and not inside a tuple). Where the proof registered
+    dtype; first for the ranks alone (``_shape_of``), then, where that proof does not serve, for the sizes. What
+    it is given must be constants to Dynamo: the nest ``(args, kwargs)`` with every leaf None, then each tensor
+    leaf as (shape, dtype, device) and each other leaf as itself, one argument apiece (an object or a module is
+    taken as it is there, guarded by its identity, and not inside a tuple). Where the proof registered
     the map and its transpose (``_registered``), they come back as functions of y's cotangents and of v, run on
     f's arguments stopped; else None, and the VJP is differentiated as Dynamo traces it."""
     nest = (leaves.with_values({}), kwargs)

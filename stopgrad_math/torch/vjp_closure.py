@@ -126,7 +126,8 @@ def strided_stand_in(tensor: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
 
 
-_TENSORS = closure_key.Arrays(lambda value: isinstance(value, torch.Tensor), tensor_key, lambda value: False)
+_TENSORS = closure_key.Arrays(lambda value: isinstance(value, torch.Tensor), tensor_key, lambda value: False,
+                              (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size))
 
 
 def keyed(vjp: Callable[..., Any]) -> closure_key.Opened | None:
