@@ -193,8 +193,8 @@ class _Opening:
             raise _Refused  # changed in place, it would not change the key
         return same(value)
 
-    def attributes(self, module: types.ModuleType, depth: int, names: frozenset[str]) -> Hashable:
-        """The module's attributes of the names the code reads, each by ``attribute_key``."""
+    def attributes(self, module: types.ModuleType | type, depth: int, names: frozenset[str]) -> Hashable:
+        """The module's or class's attributes of the names the code reads, each by ``attribute_key``."""
         return tuple((name, self.attribute_key(getattr(module, name), depth, names))
                      for name in sorted(names) if hasattr(module, name))
 
