@@ -249,15 +249,25 @@ def _compiled_over_sizes(f, sizes):
     return dynamo_utils.counters["stats"]["unique_graphs"]
 
 
+SLOPE = torch.tensor(1.0, dtype=torch.float64)  # a tensor from outside f, read at each call
+
+
+@sgm.custom_gradient
+def log1pexp_times_slope(x):
+    return torch.logaddexp(x, torch.zeros((), dtype=x.dtype)), lambda ct: ct * torch.sigmoid(x) * SLOPE
+
+
 def test_thirty_two_calls_over_sixteen_sizes_prove_once_for_any_size():
-    """A proof for shapes of their rank alone: Dynamo guards no size, and its automatic dynamic shapes compile one
-    more graph after the first (the 9th size reached the recompile limit, which fullgraph=True raises)."""
-    assert _compiled_over_sizes(log1pexp, range(2, 18)) <= 3
+    """A VJP closing over an outside tensor is differentiated as Dynamo traces it, and its proof is made for the
+    shapes' ranks alone: Dynamo guards no size, and its automatic dynamic shapes compile one more graph after the
+    first (the 9th size reached the recompile limit, which fullgraph=True raises)."""
+    assert _compiled_over_sizes(log1pexp_times_slope, range(2, 18)) <= 3
 
 
-def test_a_vjp_written_as_a_backward_is_proven_per_size_a_limit():
-    """A VJP under no_grad is embedded through graphs made for one size: each size recompiles, and the 9th reaches
-    Dynamo's recompile limit, which fullgraph=True raises (never a wrong number)."""
+def test_a_vjp_embedded_through_registered_graphs_is_proven_per_size_a_limit():
+    """A VJP that closes over no outside tensor is embedded through graphs of its map made for one size (which
+    also serve a VJP written as a backward): each size recompiles, and the 9th reaches Dynamo's recompile limit,
+    which fullgraph=True raises (never a wrong number)."""
     @sgm.custom_gradient
     def no_grad_log1pexp(x):
         def vjp(ct):
@@ -265,8 +275,11 @@ def test_a_vjp_written_as_a_backward_is_proven_per_size_a_limit():
                 return ct * torch.sigmoid(x)
         return torch.logaddexp(x, torch.zeros((), dtype=x.dtype)), vjp
 
-    assert _compiled_over_sizes(no_grad_log1pexp, range(2, 6)) == 4
-    limits = tuple(getattr(torch._dynamo.exc, name) for name in ("FailOnRecompileLimitHit", "RecompileLimitExceeded")
-                   if hasattr(torch._dynamo.exc, name))  # (torch 2.6 raises the second)
-    with pytest.raises(limits):
-        _compiled_over_sizes(no_grad_log1pexp, range(6, 18))
+    for f in (log1pexp, no_grad_log1pexp):
+        torch._dynamo.reset()
+        assert _compiled_over_sizes(f, range(2, 6)) == 4
+        limits = tuple(getattr(torch._dynamo.exc, name) for name in ("FailOnRecompileLimitHit",
+                                                                      "RecompileLimitExceeded")
+                       if hasattr(torch._dynamo.exc, name))  # (torch 2.6 raises the second)
+        with pytest.raises(limits):
+            _compiled_over_sizes(f, range(6, 18))

@@ -374,8 +374,10 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
             kept = _proven_states(read[-1], traced.states())
             if not kept:  # nothing to embed: y keeps a zero derivative, whatever the VJP's autodiff
                 return (-1,)
-            if registering and order == 1 and traced.literals == set(range(len(traced.constants))) and all(
+            if order == 1 and traced.literals == set(range(len(traced.constants))) and all(
                     c.numel() == 1 for c in traced.constants):
+                if not registering:  # its graphs are made for one size: proven at this call's sizes
+                    return (_PER_SIZE,)
                 return (_registered(traced, [read[-1].found.index(k) for k in kept],
                                     [examples[count + tensors.index(k)] for k in kept], examples, count), *kept)
             as_written = linear_ops.differentiated_as_traced(vjp_of_f, *examples, traced=traced)
@@ -401,10 +403,10 @@ _ANY_SIZE = 5  # a dynamic size's stand-in (not 0 or 1, which make_fx and broadc
 def _proof_for_any_size(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any,
                         tensors: tuple[int, ...], cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
     """``_proof_of_f`` for shapes of their rank alone (sizes None): traced with each size ``_ANY_SIZE``, it serves
-    every size where the VJP is differentiated as Dynamo traces it (``differentiated_as_traced``; its ops are
-    judged linear whatever the sizes), with no graph registered for one size. Anything else (a VJP written as a
-    backward, a trace that fails at the stand-in sizes, a refusal) is ``_PER_SIZE``: proven again at this call's
-    sizes, which embeds it as a backward or raises what is wrong there."""
+    every size where the VJP is differentiated as Dynamo traces it anyway (it closes over an outside tensor, or
+    ``order=2``; ``differentiated_as_traced``; its ops are judged linear whatever the sizes). Anything else is
+    ``_PER_SIZE``, proven again at this call's sizes: a VJP whose map and transpose are registered as graphs (they
+    are made for one size), a VJP written as a backward, a trace that fails at the stand-in sizes, a refusal."""
     def standing_in(leaf: Any) -> Any:
         if not (isinstance(leaf, tuple) and len(leaf) == 3 and isinstance(leaf[0], tuple)):
             return leaf
