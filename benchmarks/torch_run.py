@@ -153,12 +153,18 @@ def block_medians(calls: dict[str, Callable[[], object]], x: torch.Tensor, min_t
 
 def run_cell(n: int, phase: str, blocks: int, min_time: float, device: str) -> list[dict]:
     x = torch.linspace(-20.0, 100.0, n, dtype=torch.float32, device=device)
-    compiled = {name: programs(name, phase) for name in implementations(phase)}
-    calls = {name: (lambda p=p: p(x)) for name, p in compiled.items()}
-    for call in calls.values():  # compile and warm up
+    return _timed_rows({name: programs(name, phase) for name in implementations(phase)}, x, n, phase, blocks,
+                       min_time)
+
+
+def _timed_rows(programs_of: dict[str, Callable[[torch.Tensor], object]], x: torch.Tensor, n: int, phase: str,
+                blocks: int, min_time: float, rounds: int = 7) -> list[dict]:
+    """Each program on x, compiled and warmed up by two calls, then timed in ``blocks`` blocks: a row apiece."""
+    calls = {name: (lambda p=p: p(x)) for name, p in programs_of.items()}
+    for call in calls.values():
         call()
         call()
-    per_block = [block_medians(calls, x, min_time) for _ in range(blocks)]
+    per_block = [block_medians(calls, x, min_time, rounds) for _ in range(blocks)]
     return [_row(n, phase, name, per_block) for name in calls]
 
 
@@ -204,13 +210,8 @@ def step_programs(name: str, phase: str, width: int, device: str) -> Callable[[t
 
 def step_cell(phase: str, batch: int, width: int, blocks: int, min_time: float, device: str) -> list[dict]:
     x = torch.linspace(-3.0, 3.0, batch * width, device=device).reshape(batch, width)
-    programs_of = {name: step_programs(name, phase, width, device) for name in IMPLEMENTATIONS}
-    calls = {name: (lambda p=p: p(x)) for name, p in programs_of.items()}
-    for call in calls.values():
-        call()
-        call()
-    per_block = [block_medians(calls, x, min_time, rounds=3) for _ in range(blocks)]
-    return [_row(batch * width, phase, name, per_block) for name in calls]
+    return _timed_rows({name: step_programs(name, phase, width, device) for name in IMPLEMENTATIONS}, x,
+                       batch * width, phase, blocks, min_time, rounds=3)
 
 
 def first_compile_rows(batch: int, width: int, device: str) -> list[dict]:

@@ -58,6 +58,21 @@ def test_the_value_is_fx_bit_for_bit(compiled):
     assert np.array_equal(bits(fn(x.requires_grad_(True))), bits(fx))
 
 
+def test_where_nothing_differentiates_the_value_is_fx_bit_for_bit_in_a_tensor_of_its_own():
+    """No argument requires grad, no forward-mode level, transform or compilation: the identity's terms are skipped
+    and fx is returned; the value is fx's bits (−0.0, inf, NaN, subnormal) and writing into it leaves fx alone, as
+    the identity's own result would. With x requiring grad (the identity computed), the same bits."""
+    fx = torch.tensor([-0.0, math.inf, -math.inf, math.nan, 1e-40, 3.0])
+    x = torch.arange(1.0, 7.0)
+    value = sgm.custom_gradient(fx, 2.0 * x, x)
+    assert np.array_equal(bits(value), bits(fx)) and not value.requires_grad
+    value.add_(1.0)
+    assert np.array_equal(bits(fx), bits(torch.tensor([-0.0, math.inf, -math.inf, math.nan, 1e-40, 3.0])))
+    with torch.no_grad():
+        assert np.array_equal(bits(sgm.custom_gradient(fx, 2.0 * x, x.clone().requires_grad_(True))), bits(fx))
+    assert np.array_equal(bits(sgm.custom_gradient(fx, 2.0 * x, x.clone().requires_grad_(True))), bits(fx))
+
+
 @pytest.mark.parametrize("mode", ["backward", "forward_ad", "func.jvp", "func.vjp"])
 def test_an_infinite_gx_gives_an_infinite_derivative_of_its_sign(mode):
     """sqrt at 0 has derivative inf; the value 0 is kept. −inf gives −inf, a NaN gx NaN: never a finite number."""

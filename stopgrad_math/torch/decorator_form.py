@@ -323,9 +323,8 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
                          tensors: tuple[int, ...], cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
     """``_proof_for_any_size`` (shapes of their rank alone) or ``_proof_of_f``, made once for f's key
     (``vjp_closure.keyed``: its code, closure and globals) and what it is given: a decorated function called at
-    several places of one compiled program is proven once. Its name is
-    Dynamo's for the constant it keeps in the globals of the compiled function (torch 2.6 to 2.13), where it
-    should meet nothing of the user's."""
+    several places of one compiled program is proven once. Its name is Dynamo's for the constant it keeps in the
+    globals of the compiled function (torch 2.6 to 2.13), where it should meet nothing of the user's."""
     opened = vjp_closure.keyed(f)
     key: Hashable = None
     if opened is not None:
@@ -407,9 +406,7 @@ def _proof_for_any_size(f: Callable[..., Any], names: tuple[str, ...], order: in
     ``order=2``; ``differentiated_as_traced``; its ops are judged linear whatever the sizes). Anything else is
     ``_PER_SIZE``, proven again at this call's sizes: a VJP whose map and transpose are registered as graphs (they
     are made for one size), a VJP written as a backward, a trace that fails at the stand-in sizes, a refusal."""
-    def standing_in(leaf: Any) -> Any:
-        if not (isinstance(leaf, tuple) and len(leaf) == 3 and isinstance(leaf[0], tuple)):
-            return leaf
+    def standing_in(leaf: tuple[Any, ...]) -> tuple[Any, ...]:  # (shape, dtype, device)
         shape, dtype, device = leaf
         return tuple(_ANY_SIZE if n is None else n for n in shape), dtype, device
 
