@@ -196,6 +196,15 @@ def _stale_proof(original):
     return signature
 
 
+def _outside_tensors_read_once(original):
+    """The compiled PyTorch decorator's tensors from outside f read once, as its proof is made: a weight changed
+    in place or rebound after that is not seen by the graphs."""
+    def reader(f, found):
+        read = tuple(t.clone() for t in original(f, found)())
+        return lambda *arguments: read
+    return reader
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
 MUTANTS = {
@@ -271,6 +280,10 @@ MUTANTS = {
     "the PyTorch decorator proves nothing under torch.compile": Mutant(
         "stopgrad_math.torch.decorator_form", "_proven_while_compiling", _proves_nothing_while_compiling,
         ("tests/test_torch_decorator_compiled.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),
+    "the compiled PyTorch decorator reads a weight from outside f once": Mutant(
+        "stopgrad_math.shared.outside_reads", "reader", _outside_tensors_read_once,
+        ("tests/test_torch_vjp_as_backward.py::test_under_torch_compile_a_vjp_written_as_a_backward_reading_an_"
+         "outside_tensor_is_exact[with torch.no_grad()-compile(fullgraph) backward]",)),
     "the Keras namespace calls every grad with its upstream positionally": Mutant(
         "stopgrad_math.keras.identity_form", "in_keras_conventions", _upstream_never_by_keyword,
         ("tests/test_keras.py::test_the_keras_namespace_on_each_backend",)),

@@ -95,6 +95,11 @@ def _code_facts(code: types.CodeType) -> tuple[frozenset[str], bool]:
     return names, stores_global or bool(stored_free)
 
 
+def names_read(code: types.CodeType) -> frozenset[str]:
+    """The names the code (with the code nested in it) may read as globals or as attributes."""
+    return _code_facts(code)[0]
+
+
 def _facts(code: types.CodeType) -> tuple[frozenset[str], bool, frozenset[str]]:
     """names read as globals, whether a global is assigned, and which of the code's free variables are assigned
     (by it, or by the code nested in it)"""

@@ -29,12 +29,19 @@ Under ``torch.compile`` Dynamo traces all of this into one graph, but the
 VJP it holds is its own variable, which make_fx cannot trace again: there
 the proof is a constant of the graph, made as Dynamo traces the call by
 tracing f and its VJP anew on fake tensors (``_proven_while_compiling``).
+Where that proof's graphs serve (``_routed``), the tensors f and its VJP
+read from outside are their inputs, read at each call by a reader over f's
+own cells and globals (``shared.outside_reads``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
+import types
+import typing
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -44,7 +51,7 @@ from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import arguments as arguments_of
-from stopgrad_math.shared import bounded_cache, closure_key, linearity, nesting
+from stopgrad_math.shared import bounded_cache, closure_key, linearity, nesting, outside_reads
 from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.shared.linearity import Judged
@@ -250,7 +257,7 @@ def _proof(cotangents: _Cotangents, opened: closure_key.Opened, examples: list[t
     kept_examples = [torch.empty(leaves.values[k].shape, dtype=leaves.values[k].dtype,
                                  device=leaves.values[k].device) for k in kept]
     vjp_map, transposed = _maps(traced, [cotangents.found.index(k) for k in kept], kept_examples, stand_ins,
-                                len(examples))
+                                len(examples), [])
     return _Proof(kept, vjp_map, transposed)
 
 
@@ -313,9 +320,20 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
                                           *[_shape_of(v, True) if isinstance(v, torch.Tensor) else v for v in flat])
     if key < 0:
         return kept, None, None
-    stopped = [identity.stop(flat[k]) for k in tensors]
-    return (kept, lambda *cts: list(_run_compiled(key, *cts, *stopped)),
-            lambda *vs: list(_run_compiled(key + 1, *vs, *stopped)))
+    given = [_moving(flat[k], order) for k in tensors]
+    reader = _stopgrad_math_reader(f, key)
+    if reader:  # the tensors from outside, read as f reads them
+        given += [identity.stop(t) if order == 1 else t for t in getattr(_READERS, reader)(*flat)]
+    return (kept, lambda *cts: list(_run_compiled(key, *cts, *given)),
+            lambda *vs: list(_run_compiled(key + 1, *vs, *given)))
+
+
+def _moving(tensor: torch.Tensor, order: int) -> torch.Tensor:
+    """An argument tensor as the registered graphs read it: stopped at order 1; at order 2 the midpoint at which
+    ``_evaluated`` evaluates the VJP, so that AOTAutograd's derivative of J·v through it is exact to second order."""
+    if order == 1 or not (tensor.is_floating_point() or tensor.is_complex()):
+        return identity.stop(tensor)
+    return identity.stop(tensor) + identity.zero_with_slope(tensor, slope_is_negative=False) / 2
 
 
 @torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
@@ -328,7 +346,10 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
     opened = vjp_closure.keyed(f)
     key: Hashable = None
     if opened is not None:
-        key = (opened.key, names, order, structure_key(pytree.tree_structure(skeleton)), tensors, cotangents, flat)
+        # which closed-over tensors are one: a proof's graphs read each tensor it traced once
+        aliases = tuple(next(i for i, b in enumerate(opened.arrays) if b is a) for a in opened.arrays)
+        key = (opened.key, aliases, names, order, structure_key(pytree.tree_structure(skeleton)), tensors,
+               cotangents, flat)
         try:
             hash(key)
         except TypeError:  # a leaf that is not hashable: proven at each compilation
@@ -373,26 +394,51 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
             kept = _proven_states(read[-1], traced.states())
             if not kept:  # nothing to embed: y keeps a zero derivative, whatever the VJP's autodiff
                 return (-1,)
-            if order == 1 and traced.literals == set(range(len(traced.constants))) and all(
-                    c.numel() == 1 for c in traced.constants):
-                if not registering:  # its graphs are made for one size: proven at this call's sizes
-                    return (_PER_SIZE,)
-                return (_registered(traced, [read[-1].found.index(k) for k in kept],
-                                    [examples[count + tensors.index(k)] for k in kept], examples, count), *kept)
-            as_written = linear_ops.differentiated_as_traced(vjp_of_f, *examples, traced=traced)
+            reads = _routed(f, traced, flat, order,
+                            lambda: linear_ops.differentiated_as_traced(vjp_of_f, *examples, traced=traced))
+            if reads is None:  # differentiated as Dynamo traces it
+                return (-1, *kept)
+            if not registering:  # its graphs are made for one size: proven at this call's sizes
+                return (_PER_SIZE,)
+            outside = [k for k in range(len(traced.constants)) if k not in traced.literals]
+            key = _registered(traced, [read[-1].found.index(k) for k in kept],
+                              [examples[count + tensors.index(k)] for k in kept], examples, count, outside)
+            _READS[key] = reads
+            return (key, *kept)
     except (ValueError, TypeError, LookupError):
         raise
     except Exception as error:
         raise _untraceable(f, error, "under torch.compile") from error
-    if not as_written:
+
+
+def _routed(f: Callable[..., Any], traced: linear_ops.Traced, flat: Sequence[Any], order: int,
+            as_written: Callable[[], bool]) -> list[outside_reads.Path] | None:
+    """How a compiled call embeds the VJP ``traced`` (with f, as a backward runs): through registered graphs of
+    its map and transpose (``_registered``), which read the tensors from outside at the paths returned (``[]``:
+    none); or None, differentiated as Dynamo traces it. Graphs serve where the VJP's literals are numbers: at
+    order 1 with no tensor from outside, and wherever its autodiff as written is not the map (``as_written``), if
+    f's code reaches every tensor from outside by a name (``outside_reads``). Else the autodiff as written serves
+    where it is the map, and anything else is refused: a ValueError naming why."""
+    outside = [traced.constants[k] for k in range(len(traced.constants)) if k not in traced.literals]
+    numbers = all(traced.constants[k].numel() == 1 for k in traced.literals)
+    if numbers and not outside and order == 1:
+        return []
+    if as_written():
+        return None
+    reads = outside_reads.paths(f, flat, outside, _is_shape) if numbers else None
+    if reads is None:
         raise ValueError(f"The vjp of {name_of(f)} computes without grad mode (no_grad, set_grad_enabled(False), "
                          "inference_mode, @once_differentiable), branches on it, changes its cotangent in place or "
                          "detaches it (detach, .data), as a Function's backward may. Eagerly and under torch.func "
-                         "the decorator embeds the map such a backward applies, but under torch.compile, where f or "
-                         "its vjp closes over a tensor from outside (a weight, read at each call), it differentiates "
-                         "the vjp as written, which would not give that map: there, pass that tensor to f as an "
-                         "argument, or write the vjp in grad mode with no stop on the cotangent's path.")
-    return (-1, *kept)
+                         "the decorator embeds the map such a backward applies; under torch.compile it does so where "
+                         "it reaches each tensor f and its vjp read from outside (a weight) by a name their code "
+                         "reads: a cell of f's closure or of a function held there, a global of f's module, an "
+                         "argument, or an attribute of one of those. Here it did not (a tensor read as an item of a "
+                         "list or a dict, a global of another module, a tensor made from a literal of several "
+                         "elements), and differentiating the vjp as written would not give that map. Pass that "
+                         "tensor to f as an argument or read it by such a name, or write the vjp in grad mode with "
+                         "no stop on the cotangent's path.")
+    return reads
 
 
 _PER_SIZE = -2  # a proof for any size failed: prove for this size, which Dynamo then guards
@@ -411,12 +457,47 @@ def _proof_for_any_size(f: Callable[..., Any], names: tuple[str, ...], order: in
         return tuple(_ANY_SIZE if n is None else n for n in shape), dtype, device
 
     stand_ins = [standing_in(v) if k in tensors else v for k, v in enumerate(flat)]
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")  # it logs an op that fails at the stand-in sizes
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
     try:
-        proof = _proof_of_f(f, names, order, skeleton, tensors, tuple(standing_in(c) for c in cotangents),
-                            *stand_ins, registering=False)
+        return _proof_of_f(f, names, order, skeleton, tensors, tuple(standing_in(c) for c in cotangents),
+                           *stand_ins, registering=False)
     except Exception:  # said again, at this call's sizes, by the proof that follows
         return (_PER_SIZE,)
-    return proof
+    finally:
+        quiet.setLevel(level)
+
+
+_READS: dict[int, list[outside_reads.Path]] = {}
+"""Where the compiled call at each key of ``_COMPILED`` reads the tensors from outside that its graphs take last
+(``outside_reads.paths``): none for most."""
+_READERS = types.ModuleType("stopgrad_math.torch.decorator_form._READERS")
+"""The readers of those tensors, one per f and key, as attributes: Dynamo inlines one found there as it inlines
+f, reading f's cells and globals at each call and guarding them as it guards f's reads."""
+_READER_NAMES: weakref.WeakKeyDictionary[Callable[..., Any], dict[int, str]] = weakref.WeakKeyDictionary()
+_READER_NUMBERS = itertools.count()
+
+
+def _is_shape(value: Any) -> bool:
+    """An argument leaf as the proof is given it: a tensor's (shape, dtype, device), not an object to follow."""
+    return type(value) is tuple
+
+
+@torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
+def _stopgrad_math_reader(f: Callable[..., Any], key: int) -> str:
+    """The name in ``_READERS`` of f's reader of the outside tensors the graphs at ``key`` take, made once per f
+    and key and dropped with f; "" where they take none."""
+    reads = _READS.get(key)
+    if not reads:
+        return ""
+    names = _READER_NAMES.setdefault(f, {})
+    if key not in names:
+        names[key] = name = f"read{next(_READER_NUMBERS)}"
+        function = typing.cast(types.FunctionType, f)  # paths are found for a plain function alone
+        setattr(_READERS, name, outside_reads.reader(function, reads))
+        weakref.finalize(f, delattr, _READERS, name)
+    return names[key]
 
 
 _COMPILED: dict[int, torch.fx.GraphModule] = {}
@@ -427,44 +508,51 @@ _KEYS = itertools.count(0, 2)  # (next() of a count is atomic: two threads compi
 
 
 def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
-                examples: list[torch.Tensor], count: int) -> int:
+                examples: list[torch.Tensor], count: int, outside: list[int]) -> int:
     """Keys of the two graphs ``_maps`` makes for a compiled call, from f and its VJP traced as a backward runs,
-    with the tensors of f's arguments as their last inputs: at ``key`` the VJP's map, at ``key + 1`` its
-    transpose. Inside the compiled graph AOTAutograd differentiates their ops, so a VJP under no_grad or with a
-    branch on grad mode is embedded as the map a backward applies, as it is eagerly."""
+    with the tensors of f's arguments and then those it reads from outside as their last inputs: at ``key`` the
+    VJP's map, at ``key + 1`` its transpose. Inside the compiled graph AOTAutograd differentiates their ops, so a
+    VJP under no_grad or with a branch on grad mode is embedded as the map a backward applies, as it is eagerly."""
     key = next(_KEYS)
-    _COMPILED[key], _COMPILED[key + 1] = _maps(traced, positions, kept_examples, examples, count)
+    _COMPILED[key], _COMPILED[key + 1] = _maps(traced, positions, kept_examples, examples, count, outside)
     return key
 
 
 def _maps(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
-          examples: list[torch.Tensor], count: int) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+          examples: list[torch.Tensor], count: int, outside: list[int]) -> tuple[torch.fx.GraphModule, ...]:
     """Two graphs of ATen ops from a VJP traced as a backward runs on ``examples`` (the ``count`` cotangents of y,
-    then the tensors its graph reads), whose own constants are all one-element literals: the VJP's map from y's
-    cotangents to those of the argument leaves at ``positions`` among the traced outputs, and its transpose, J·v,
-    from v in those leaves' shapes (``kept_examples``); each takes the tensors after its first inputs."""
-    numbers = [(c.item(), c.shape, c.dtype, c.device) for c in traced.constants]
+    then the tensors of f's arguments), whose own constants are one-element literals but for those at
+    ``outside`` (tensors read from outside, which become their last inputs): the VJP's map from y's cotangents to
+    those of the argument leaves at ``positions`` among the traced outputs, and its transpose, J·v, from v in
+    those leaves' shapes (``kept_examples``); each takes the tensors after its first inputs."""
+    numbers = {k: (c.item(), c.shape, c.dtype, c.device) for k, c in enumerate(traced.constants) if k not in outside}
+    arguments = len(examples) - count
 
-    def literals() -> list[torch.Tensor]:  # made by ops in the graph: a tensor constant would be real under Dynamo
-        return [torch.full(shape, number, dtype=dtype, device=device) for number, shape, dtype, device in numbers]
+    def constants(given: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """f's argument tensors, then the graph's constants: an outside tensor as given, a literal made by ops (a
+        tensor constant would be real under Dynamo)"""
+        read = iter(given[arguments:])
+        return [*given[:arguments], *(next(read) if k in outside else torch.full(
+            numbers[k][1], numbers[k][0], dtype=numbers[k][2], device=numbers[k][3])
+            for k in range(len(traced.constants)))]
 
     def vjp_map(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(traced.linear([*values[count:], *literals()], positions)(*values[:count]))
+        return tuple(traced.linear(constants(values[count:]), positions)(*values[:count]))
 
     def transposed(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        vs, flat = values[:len(positions)], values[len(positions):]
-        linear = traced.linear([*flat, *literals()], positions)
+        linear = traced.linear(constants(values[len(positions):]), positions)
         cotangents = [torch.zeros(e.shape, dtype=e.dtype, device=e.device) for e in examples[:count]]
-        return tuple(torch.func.vjp(linear, *cotangents)[1](list(vs)))
+        return tuple(torch.func.vjp(linear, *cotangents)[1](list(values[:len(positions)])))
 
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    read = [traced.constants[k].detach() for k in outside]
     with linear_ops.exclusive():
-        vjp_module = make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+        vjp_module = make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples, *read)
         # v's stand-ins made anew: make_fx binds its inputs by identity, and a kept leaf's example may be among
         # the examples
         transpose_module = make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True)(
-            *[torch.empty_like(e) for e in kept_examples], *examples[count:])
+            *[torch.empty_like(e) for e in kept_examples], *examples[count:], *read)
         for module in (vjp_module, transpose_module):  # the pullback's primal computation is dead
             module.graph.eliminate_dead_code()
             module.recompile()
