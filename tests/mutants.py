@@ -205,6 +205,15 @@ def _outside_tensors_read_once(original):
     return reader
 
 
+def _embedding_keeps_f(original):
+    """The JAX decorator's compiled embedding built from the call with f itself in it: the cache keeps f, and so
+    the arrays it closes over, alive."""
+    class KeepsF(original):
+        def shapes(self):
+            return dataclasses.replace(original.shapes(self), f=self.f)
+    return KeepsF
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
 MUTANTS = {
@@ -284,6 +293,9 @@ MUTANTS = {
         "stopgrad_math.shared.outside_reads", "reader", _outside_tensors_read_once,
         ("tests/test_torch_vjp_as_backward.py::test_under_torch_compile_a_vjp_written_as_a_backward_reading_an_"
          "outside_tensor_is_exact[with torch.no_grad()-compile(fullgraph) backward]",)),
+    "the JAX compiled embedding keeps what f closes over alive": Mutant(
+        "stopgrad_math.jax.decorator_form", "_Call", _embedding_keeps_f,
+        ("tests/test_jax_compiled_embedding.py::test_a_compiled_embedding_keeps_no_array_f_or_its_vjp_closes_over",)),
     "the Keras namespace calls every grad with its upstream positionally": Mutant(
         "stopgrad_math.keras.identity_form", "in_keras_conventions", _upstream_never_by_keyword,
         ("tests/test_keras.py::test_the_keras_namespace_on_each_backend",)),

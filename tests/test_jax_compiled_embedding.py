@@ -2,8 +2,11 @@
 passed in. A known signature traces nothing; whatever changes the VJP's jaxpr makes a new one; what a key cannot
 capture is traced at every call, as before."""
 
+import gc
+import math
 import sys
 import types
+import weakref
 from typing import ClassVar
 
 import numpy as np
@@ -64,11 +67,11 @@ def _reads_globals(x):
     return jnp.sin(x), lambda ct: SCALE * CONSTANTS.scale * ct * jnp.cos(x) * WEIGHTS
 
 
-def test_a_new_closed_over_number_a_new_shape_and_a_changed_global_each_make_a_new_compilation(traces, monkeypatch):
-    for scale in (2.0, 3.0, 2.0):
+def test_a_new_closed_over_int_a_new_shape_and_a_changed_global_each_make_a_new_compilation(traces, monkeypatch):
+    for scale in (2, 3, 2):
         np.testing.assert_allclose(_gradient(_closing_over(scale), X1)[0], scale * np.cos(X1), rtol=1e-6)
-    assert len(traces) == 2  # 2.0 again is the first one's
-    f = _closing_over(2.0)
+    assert len(traces) == 2  # 2 again is the first one's
+    f = _closing_over(2)
     np.testing.assert_allclose(_gradient(f, jnp.ones(4))[0], 2 * np.cos(np.ones(4)), rtol=1e-6)
     assert len(traces) == 3
     product = SCALE * CONSTANTS.scale * np.asarray(WEIGHTS)
@@ -116,16 +119,22 @@ def test_a_vjp_that_branches_on_a_concrete_residual_is_traced_at_every_call_and_
         assert float(jax.grad(_branches)(jnp.float32(x))) == slope
 
 
-def test_the_key_holds_shapes_and_numbers_and_the_arrays_go_in_as_arguments():
+def test_the_key_holds_shapes_and_ints_and_the_arrays_and_floats_go_in_as_arguments():
     def make(a, scale):
         return lambda ct: scale * a * ct
 
-    first, second = vjp_closure.opened(make(X1, 2.0)), vjp_closure.opened(make(X2, 2.0))
+    first, second = vjp_closure.opened(make(X1, 2)), vjp_closure.opened(make(X2, 2))
     assert first.key == second.key and first.arrays[0] is X1 and second.arrays[0] is X2
-    assert vjp_closure.opened(make(X1, 3.0)).key != first.key
-    assert vjp_closure.opened(make(jnp.ones(4), 2.0)).key != first.key
-    assert vjp_closure.opened(make(np.float64(1.0), 2.0)).key != vjp_closure.opened(make(np.float32(1.0), 2.0)).key
+    assert vjp_closure.opened(make(X1, 3)).key != first.key
+    assert vjp_closure.opened(make(jnp.ones(4), 2)).key != first.key
+    assert vjp_closure.opened(make(np.float64(1.0), 2)).key != vjp_closure.opened(make(np.float32(1.0), 2)).key
     np.testing.assert_array_equal(first.rebuild([X2])(1.0), 2.0 * X2)
+    by_float = vjp_closure.opened(make(X1, 2.0))
+    assert by_float.key == vjp_closure.opened(make(X1, 3.5)).key != vjp_closure.opened(make(X1, 2.0j)).key
+    number = next(k for k, v in enumerate(by_float.arrays) if type(v) is float)
+    assert by_float.arrays[number] == 2.0 and by_float.arrays[1 - number] is X1
+    replaced = [5.0, X2] if number == 0 else [X2, 5.0]
+    np.testing.assert_array_equal(by_float.rebuild(replaced)(1.0), 5.0 * X2)
     for refused in ([1.0], {"a": 1.0}, object()):
         assert vjp_closure.opened(make(refused, 2.0)) is None, refused
     assert vjp_closure.opened(lambda ct: ct * np.ones(3)) is not None  # a module attribute, by identity
@@ -147,3 +156,49 @@ def test_a_class_attribute_is_in_the_key_and_a_mutable_one_is_refused():
     finally:
         _Settings.scale = 2.0
     assert vjp_closure.opened(lambda ct: ct * _Settings.table["scale"]) is None
+
+
+def test_twenty_closed_over_floats_compile_once_and_each_gradient_is_its_own(traces):
+    """A learning rate, a temperature or an annealed scale closed over by the VJP is an operand of one compiled
+    embedding: 20 calls with 20 values trace the VJP once, as 20 calls with one value do."""
+    for k in range(20):
+        scale = 0.5 + k
+        np.testing.assert_allclose(_gradient(_closing_over(scale), X1)[0], scale * np.cos(X1), rtol=1e-6)
+    assert len(traces) == 1
+
+
+def test_a_vjp_that_needs_a_closed_over_float_as_a_python_number_is_traced_at_every_call(traces):
+    """A branch on the number, float() or a NumPy scalar of it cannot take an operand: that signature is traced
+    at every call, and each call is right."""
+    def make(scale):
+        @sgm.custom_gradient
+        def f(x):
+            def vjp(ct):
+                if scale > 1.0:  # a branch on the number
+                    return ct * np.float32(scale) * jnp.cos(x)
+                return ct * math.sqrt(scale) * jnp.cos(x)
+            return scale * jnp.sin(x), vjp
+        return f
+
+    for scale in (0.25, 2.0, 0.25, 4.0):
+        slope = scale if scale > 1.0 else math.sqrt(scale)
+        np.testing.assert_allclose(_gradient(make(scale), X1)[0], slope * np.cos(X1), rtol=1e-6)
+    assert len(traces) == 1 + 4  # the first, found to need a number, then each call traced
+
+
+def test_a_compiled_embedding_keeps_no_array_f_or_its_vjp_closes_over(traces):
+    """Weak references to 20 closed-over arrays, each of its own shape (its own embedding), die with their calls:
+    the cache keeps shapes, and f's name alone."""
+    alive = []
+    for n in range(1, 21):
+        weight = jnp.full((n,), float(n))
+
+        @sgm.custom_gradient
+        def f(x, weight=weight):
+            return x * weight, lambda ct: ct * weight
+
+        np.testing.assert_array_equal(_gradient(f, jnp.ones(n))[0], np.full(n, float(n)))
+        alive.append(weakref.ref(weight))
+        del weight, f
+    gc.collect()
+    assert len(traces) == 20 and sum(r() is not None for r in alive) == 0

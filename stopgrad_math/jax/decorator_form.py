@@ -29,6 +29,7 @@ the work after f (``_attached``) is compiled once per signature
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -247,9 +248,18 @@ class _Call:
 
 
     def shapes(self) -> _Call:
-        """The call with each array leaf, differentiable or not, a ShapeDtypeStruct: what a compiled embedding is
-        built from, which keeps none of this call's arrays alive in the cache."""
-        return dataclasses.replace(self, leaves=_shapes(self.leaves), outputs=_shapes(self.outputs))
+        """The call with each array leaf, differentiable or not, a ShapeDtypeStruct, and f its name alone: what a
+        compiled embedding is built from, which keeps none of this call's arrays alive in the cache (f would keep
+        what it closes over)."""
+        named = typing.cast(Callable[..., Any], _Named(name_of(self.f)))  # f is only named there, never called
+        return dataclasses.replace(self, f=named, leaves=_shapes(self.leaves), outputs=_shapes(self.outputs))
+
+
+class _Named:
+    """A function's name alone, which is all a compiled embedding reads of f (for its messages)."""
+
+    def __init__(self, name: str):
+        self.__name__ = name
 
 
 def _shapes(leaves: Leaves) -> Leaves:
@@ -308,8 +318,8 @@ def _compiled(call: _Call, vjp: Callable[[Any], Any]) -> list[jax.Array] | None:
         compiled = jax.jit(lambda arguments, ys, arrays: _attached(template, rebuild(arrays), arguments, ys))
     try:
         attached: list[jax.Array] = compiled(_values(call.leaves), _values(call.outputs), opened.arrays)
-    except jax.errors.ConcretizationTypeError:  # as jax.custom_vjp's bwd, the VJP branches on a concrete residual
-        _EMBEDDINGS.put(signature, _TRACED_AT_EVERY_CALL)
+    except jax.errors.JAXTypeError:  # as jax.custom_vjp's bwd, the VJP branches on a concrete residual or number
+        _EMBEDDINGS.put(signature, _TRACED_AT_EVERY_CALL)  # (float(), bool(), np.asarray() of a tracer)
         return None
     _EMBEDDINGS.put(signature, compiled)
     return attached

@@ -1,9 +1,15 @@
 """A JAX VJP's closure opened (``shared.closure_key``): its arrays as arguments of a compiled embedding.
 
 The arrays passed in are JAX and NumPy arrays and NumPy scalars, each keyed by
-its shape, dtype and weak type. A JAX array read from a global is taken by
-identity (it cannot change in place), as is a NumPy scalar; a NumPy array there
-is refused, and the VJP is traced anew at every call.
+its shape, dtype and weak type, and the Python floats and complex numbers the
+closure holds, keyed by their type: a learning rate, a temperature or an
+annealed scale that changes at every call is an operand of one compiled
+embedding (weakly typed, as jit takes a Python number), not a new compilation
+each time. (An int or a bool stays in the key by value: it may be a shape or an
+axis. A VJP that branches on a number it closes over is traced at every call.)
+A JAX array read from a global is taken by identity (it cannot change in
+place), as is a NumPy scalar; a NumPy array there is refused, and the VJP is
+traced anew at every call; a number read from a global is keyed by value.
 """
 
 from __future__ import annotations
@@ -25,15 +31,24 @@ def aval_key(array: Any) -> Hashable:
     return "array", tuple(np.shape(array)), np.dtype(array.dtype), bool(getattr(array, "weak_type", False))
 
 
+_NUMBERS = (float, complex)  # passed in as operands (bool and int are not: a shape, an axis, a count)
+
+
+def _key(value: Any) -> Hashable:
+    if type(value) in _NUMBERS:
+        return "number", type(value)
+    return aval_key(value)
+
+
 def _is_array(value: Any) -> bool:
-    return isinstance(value, (jax.Array, np.ndarray, np.generic))
+    return type(value) in _NUMBERS or isinstance(value, (jax.Array, np.ndarray, np.generic))
 
 
 def _is_immutable(value: Any) -> bool:
     return isinstance(value, np.generic) or (isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer))
 
 
-_ARRAYS = closure_key.Arrays(_is_array, aval_key, _is_immutable)
+_ARRAYS = closure_key.Arrays(_is_array, _key, _is_immutable)
 
 
 def opened(vjp: Callable[..., Any]) -> Opened | None:

@@ -13,7 +13,7 @@ says (``Arrays``).
 
 What is in the key, and so makes new work when it changes: the code; each
 value in the closure and the defaults that is a Python number, string, tuple
-or ``None`` (by value), a builtin (by identity), a module or class (by
+or ``None`` (by value, unless the framework passes it in as an array), a builtin (by identity), a module or class (by
 identity, with its attributes of the names the code reads), or a nested
 function (opened in turn, two levels deep); each array's ``Arrays.key``; and
 every global the code may read, by value where it is a number or string, by
@@ -153,12 +153,12 @@ class _Opening:
 
     def value(self, value: Any, depth: int, names: frozenset[str]) -> tuple[Hashable, Rebuild]:
         """A value in the closure or the defaults; ``names``: those the code may read as attributes."""
-        if type(value) in _BY_VALUE or type(value) in self.arrays.constants:
-            return (type(value), value), lambda arrays: value
-        if self.arrays.is_array(value):
+        if self.arrays.is_array(value):  # first: a framework may pass a number in as an operand
             index = len(self.found)
             self.found.append(value)
             return self.arrays.key(value), lambda arrays: arrays[index]
+        if type(value) in _BY_VALUE or type(value) in self.arrays.constants:
+            return (type(value), value), lambda arrays: value
         if type(value) is tuple:
             parts = [self.value(v, depth, names) for v in value]
             return (tuple, tuple(k for k, _ in parts)), lambda arrays: tuple(build(arrays) for _, build in parts)
