@@ -99,13 +99,25 @@ def _staged(function: Callable[..., list[jax.Array]], avals: list[jax.ShapeDtype
         wrapped = lu.wrap_init(function, debug_info=core.DebugInfo("custom_gradient", name_of(function), names, None))
     else:
         wrapped = lu.wrap_init(function)
-    unknown = [pe.PartialVal.unknown(jax.core.ShapedArray(a.shape, a.dtype)) for a in avals]
+    unknown = [pe.PartialVal.unknown(a if isinstance(a, jax.core.ShapedArray) else
+                                     jax.core.ShapedArray(a.shape, a.dtype)) for a in avals]
     jaxpr, _, consts = pe.trace_to_jaxpr_nounits(wrapped, unknown, instantiate=True)
     constants = dict(zip(jaxpr.constvars, consts, strict=True))
     # a Literal (unhashable) is judged by the walk: a zero one is ZERO there
     zeros = {j for j, v in enumerate(jaxpr.outvars) if not isinstance(v, core.Literal)
              and _concrete_zero(constants.get(v))}
     return core.ClosedJaxpr(jaxpr, consts), zeros
+
+
+def _cotangent_type(y: Any) -> Any:
+    """The type a cotangent of y has: y's shape and dtype, and inside shard_map the manual axes y varies over
+    (a cotangent of an invariant type there would make JAX mark it varying inside the VJP, a pvary, whose
+    transpose is a psum)."""
+    typeof = getattr(jax, "typeof", None) or getattr(jax.core, "get_aval")  # noqa: B009 (typeof from JAX 0.6)
+    aval = typeof(y)
+    if identity.varying(aval):
+        return aval.update(weak_type=False)
+    return jax.ShapeDtypeStruct(y.shape, y.dtype)  # type: ignore[no-untyped-call]
 
 
 def _concrete_zero(value: Any) -> bool:
@@ -117,8 +129,7 @@ def _concrete_zero(value: Any) -> bool:
 def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, ...], names: list[str],
             leaves: Leaves, outputs: Leaves, order: int) -> _LinearMap:
     """vjp traced on cotangents of y's differentiable leaves, proven linear; ValueError naming what is not."""
-    avals = [jax.ShapeDtypeStruct(outputs.values[k].shape, outputs.values[k].dtype)  # type: ignore[no-untyped-call]
-             for k in outputs.differentiable]
+    avals = [_cotangent_type(outputs.values[k]) for k in outputs.differentiable]
     fixed = {k: (np.zeros(np.shape(v), jax.dtypes.float0) if hasattr(v, "dtype") else None)
              for k, v in enumerate(outputs.values) if k not in outputs.differentiable}
     found: list[int] = []

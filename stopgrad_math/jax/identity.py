@@ -11,6 +11,7 @@ arithmetic and one small primitive whose tangent is the product rule, so that ``
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import jax
@@ -55,12 +56,51 @@ def _zero_product_batch(args: list[jax.Array], dims: list[Any]) -> tuple[jax.Arr
     return _zero_product_p.bind(g, zero), 0
 
 
+def checked_by_shard_map(primitive: Any, constant: bool = False) -> None:
+    """Registers a primitive with the replication check of shard_map before ``jax.shard_map`` (``check_rep``,
+    JAX 0.4.35 to 0.5), which wants a rule for each primitive; later JAX reads the manual axes from the types
+    the abstract evaluation gives. ``constant``: the value is the same on every device (a fence's 1.0), else it
+    is replicated where every operand is (the rewrite broadcasts them to that, as for JAX's own binary ops)."""
+    if hasattr(jax, "shard_map"):
+        return
+    shard_map: Any = importlib.import_module("jax.experimental.shard_map")  # (typed by the newest JAX, without it)
+
+    def replication(mesh: Any, *replicated: Any, **params: Any) -> Any:
+        known = [r for r in replicated if r is not None]
+        return set(mesh.axis_names) if constant or not known else set.intersection(*known)
+
+    shard_map.register_check(primitive)(replication)
+    if constant:
+        shard_map.register_norewrite(primitive)
+    else:
+        shard_map.register_standard_rewrite(primitive)
+
+
 _zero_product_p.def_impl(_constant_zero)
-_zero_product_p.def_abstract_eval(lambda g, zero: jax.core.ShapedArray(zero.shape, zero.dtype))
+def _zero_product_type(g: Any, zero: Any) -> Any:
+    """The product's type: zero's shape and dtype, and, inside shard_map, varying over the manual axes either
+    factor varies over (JAX 0.6 to 0.9 call them ``vma``, 0.10 ``mat.varying``), as a product's type is: an
+    invariant type there would make JAX mark the result varying again (pvary) where it already is."""
+    shaped = jax.core.ShapedArray(zero.shape, zero.dtype)
+    if varying(g) <= varying(zero):
+        return zero.update(weak_type=False) if varying(zero) else shaped
+    return g.update(weak_type=False) if varying(zero) <= varying(g) else shaped
+
+
+def varying(aval: Any) -> frozenset[Any]:
+    """The manual axes of shard_map a type varies over (empty outside it, and before JAX 0.6)."""
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        vma = getattr(getattr(aval, "mat", None), "varying", None)
+    return frozenset(vma or ())
+
+
+_zero_product_p.def_abstract_eval(_zero_product_type)
 mlir.register_lowering(_zero_product_p, mlir.lower_fun(_constant_zero, multiple_results=False))
 ad.primitive_jvps[_zero_product_p] = _zero_product_jvp
 ad.primitive_transposes[_zero_product_p] = _zero_product_transpose
 batching.primitive_batchers[_zero_product_p] = _zero_product_batch
+checked_by_shard_map(_zero_product_p)
 
 
 def zero_product(g: jax.Array, zero: jax.Array) -> jax.Array:

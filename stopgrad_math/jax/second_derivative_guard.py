@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
+from stopgrad_math.jax import identity
 from stopgrad_math.shared.arguments import BEYOND_ORDER
 
 _fence_p = core.Primitive("stopgrad_math_fence")
@@ -61,6 +62,7 @@ _fence_p.def_impl(_one)
 _fence_p.def_abstract_eval(lambda *watched, depth, message: jax.core.ShapedArray((), jnp.float32))
 ad.primitive_jvps[_fence_p] = _fence_jvp
 batching.primitive_batchers[_fence_p] = _fence_batch
+identity.checked_by_shard_map(_fence_p, constant=True)
 mlir.register_lowering(_fence_p, mlir.lower_fun(_one, multiple_results=False))
 
 
@@ -120,6 +122,7 @@ _apart_p.def_impl(_one)
 _apart_p.def_abstract_eval(lambda *operands, message: jax.core.ShapedArray((), jnp.float32))
 ad.primitive_jvps[_apart_p] = _apart_jvp
 batching.primitive_batchers[_apart_p] = _apart_batch
+identity.checked_by_shard_map(_apart_p, constant=True)
 mlir.register_lowering(_apart_p, mlir.lower_fun(_one, multiple_results=False))
 
 
