@@ -2,9 +2,9 @@
 environment). A small net with log1pexp as its activation (the identity form, the decorator, and plain autodiff of
 logaddexp(x, 0)), in float64, its batch split over the ranks: the gradient of the weights after
 DistributedDataParallel's all-reduce (eagerly and under torch.compile) and after fully_shard's reduce-scatter, each
-against plain autodiff of logaddexp(x, 0) on the whole batch in this process. Prints one line per case; exits 1 where any differs."""
+against plain autodiff of logaddexp(x, 0) on the whole batch in this process. Prints one line per case; exits 1
+where any differs."""
 
-import os
 import sys
 
 import torch
