@@ -16,7 +16,7 @@ from helpers import (
     jvp,
     vjp,
 )
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -60,6 +60,9 @@ def value_cases(draw):
 
 @pytest.mark.parametrize("mode", MODES)
 @given(case=value_cases())
+@example(case=(tf.float32, [np.array([-0.0, np.inf, np.nan, 1e-40], np.float32),  # −0.0 in fx, every run
+                            np.array([2.0, -np.inf, 1.0, -0.0], np.float32),
+                            np.array([1.0, 0.5, -0.0, np.nan], np.float32)]))
 @settings(max_examples=30)
 def test_value_is_fx_bit_for_bit_whatever_gx_and_x_hold(mode, case):
     dtype, (fx, gx, x) = case
