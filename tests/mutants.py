@@ -214,7 +214,37 @@ def _embedding_keeps_f(original):
     return KeepsF
 
 
+def _fast_path_simplified(original):
+    """The PyTorch identity's fast path with its derivative simplified to c·g and ẋ·g: right up to the sign of a
+    zero."""
+    class Simplified(original):
+        @staticmethod
+        def backward(ctx, cotangent):
+            (g,) = ctx.saved_tensors
+            return None, None, cotangent * g
+
+        @staticmethod
+        def jvp(ctx, fx_tangent, g_tangent, x_tangent):
+            (g,) = ctx.saved_tensors
+            return x_tangent * g
+    return Simplified
+
+
+def _fast_path_differentiates_its_formula(original):
+    """The fast path's backward under create_graph differentiates its own reduced formula, not the identity's
+    ops."""
+    import torch
+
+    class Reduced(original):
+        @staticmethod
+        def backward(ctx, cotangent):
+            (g,) = ctx.saved_tensors
+            return None, None, torch.mul(cotangent.neg(), g).add(torch.sign(g).mul(0.0)).neg()
+    return Reduced
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
+_FAST = "tests/test_torch_fast_path.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
 MUTANTS = {
     "scale_gradient refuses every call": Mutant(
@@ -268,6 +298,13 @@ MUTANTS = {
     "the PyTorch identity takes fx_gx_manually_stopped on trust": Mutant(
         "stopgrad_math.torch.identity_form", "_check_held_apart", _torch_manual_stop_unchecked,
         (f"{_TORCH}::test_a_manually_stopped_fx_or_gx_that_backward_reaches_x_through_is_a_value_error_naming_it",)),
+    "the PyTorch identity's fast path simplifies its derivative to c·g": Mutant(
+        "stopgrad_math.torch.eager_fast_path", "_FiniteIdentity", _fast_path_simplified,
+        (f"{_FAST}::test_reverse_mode_is_the_identitys_bit_for_bit_over_the_grid[torch.float32]",
+         f"{_FAST}::test_forward_mode_is_the_identitys_bit_for_bit_over_the_grid[torch.float32]")),
+    "the PyTorch identity's fast path differentiates its own formula under create_graph": Mutant(
+        "stopgrad_math.torch.eager_fast_path", "_FiniteIdentity", _fast_path_differentiates_its_formula,
+        (f"{_FAST}::test_create_graph_differentiates_the_identitys_ops",)),
     "the PyTorch table takes every vjp for linear": Mutant(
         "stopgrad_math.torch.linear_ops", "judge", _everything_linear,
         ("tests/test_torch_linear_ops.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),

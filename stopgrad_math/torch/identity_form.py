@@ -10,7 +10,7 @@ from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import arguments, layouts
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.torch import decorator_form, identity
+from stopgrad_math.torch import decorator_form, eager_fast_path, identity
 
 
 def _leaves(gx: Any, x: Any) -> list[tuple[str, Any, Any]]:
@@ -147,4 +147,8 @@ def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False
         planned = [(label, layout, identity.stop(g), leaf) for label, layout, g, leaf in planned]
     elif not stopped_by_caller and not torch.compiler.is_compiling():
         _check_held_apart(fx, planned)
+    if not fx_gx_manually_stopped:
+        fast = eager_fast_path.finite_identity(fx, planned)
+        if fast is not None:
+            return fast
     return identity.attach(fx, [identity.zero_term(layout, fx, leaf, g) for _, layout, g, leaf in planned])
