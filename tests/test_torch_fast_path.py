@@ -230,3 +230,22 @@ def test_transforms_and_compilation_run_the_ordinary_ops(mode, monkeypatch):
         got = leaf.grad
     torch.testing.assert_close(got, torch.sigmoid(x))
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_compiled_the_identity_gives_the_eager_identitys_bits_over_the_grid(dtype):
+    """Under torch.compile (Inductor's fused kernels, masks recomputed in the backward rather than kept), the
+    value and the gradient are the eager ordinary ops' bits, non-finite x and g included."""
+    every = corners(dtype, False)
+    x, g, c = (t.reshape(-1).contiguous() for t in torch.meshgrid(every, every, every, indexing="ij"))
+    fx = torch.linspace(-3, 3, x.numel(), dtype=dtype)
+
+    def value_and_grad(embed):
+        leaf = x.clone().requires_grad_(True)
+        out = embed(fx, g, leaf)
+        return out.detach(), torch.autograd.grad(out, leaf, c)[0]
+
+    torch._dynamo.reset()
+    compiled = value_and_grad(torch.compile(sgm.custom_gradient, fullgraph=True))
+    for got, want in zip(compiled, value_and_grad(ordinary), strict=True):
+        same_bits(got, want)

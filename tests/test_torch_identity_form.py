@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch.autograd.forward_ad as forward_ad  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from torch_modes import COMPILED_MODES, DTYPES, MODES, bits, elementwise_cases  # noqa: E402
 
@@ -83,6 +84,32 @@ def test_an_infinite_gx_gives_an_infinite_derivative_of_its_sign(mode):
     assert np.array_equal(bits(fn(torch.ones(4))), bits(torch.zeros(4)))
     sqrt = lambda x: sgm.custom_gradient(torch.sqrt(x), 0.5 / torch.sqrt(x), x)  # noqa: E731
     assert float(MODES[mode](sqrt, torch.zeros(1))) == math.inf
+
+
+@pytest.mark.parametrize("mode", ["backward", "forward_ad", "func.vjp", "func.jvp", "compile"])
+def test_an_inf_or_nan_x_has_no_derivative_whatever_the_cotangent_or_tangent_holds(mode):
+    """At an inf or NaN element of x the identity passes nothing, an inf or NaN cotangent or tangent included,
+    as JAX's and TensorFlow's identities do (the documented zero; a derivative multiplied by the mask, as
+    nan_to_num's is, gave NaN there). The finite element gets gx times its direction."""
+    x = torch.tensor([math.inf, -math.inf, math.nan, math.inf, 1.0])
+    direction = torch.tensor([math.inf, math.nan, -math.inf, 1.0, math.inf])
+    fn = lambda x: sgm.custom_gradient(torch.zeros(5), torch.full((5,), 3.0), x)  # noqa: E731
+    if mode == "compile":
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True)
+        mode = "backward"
+    if mode == "backward":
+        leaf = x.clone().requires_grad_(True)
+        fn(leaf).backward(direction)
+        got = leaf.grad
+    elif mode == "forward_ad":
+        with forward_ad.dual_level():
+            got = forward_ad.unpack_dual(fn(forward_ad.make_dual(x, direction))).tangent
+    elif mode == "func.vjp":
+        got = torch.func.vjp(fn, x)[1](direction)[0]
+    else:
+        got = torch.func.jvp(fn, (x,), (direction,))[1]
+    assert got[:4].tolist() == [0.0] * 4 and float(got[4]) == math.inf
 
 
 @pytest.mark.parametrize("mode", ["func.jvp", "func.vjp"])

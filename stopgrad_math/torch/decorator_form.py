@@ -333,7 +333,7 @@ def _moving(tensor: torch.Tensor, order: int) -> torch.Tensor:
     ``_evaluated`` evaluates the VJP, so that AOTAutograd's derivative of J·v through it is exact to second order."""
     if order == 1 or not (tensor.is_floating_point() or tensor.is_complex()):
         return identity.stop(tensor)
-    return identity.stop(tensor) + identity.zero_with_slope(tensor, slope_is_negative=False) / 2
+    return identity.stop(tensor) + identity.zero_with_slope(tensor, slope_is_negative=False, multiplied=True) / 2
 
 
 @torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
@@ -583,7 +583,7 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], or
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     if order == 1:
         return call_f(f, leaves.with_values(stopped), kwargs)
-    midpoint = {k: s + identity.zero_with_slope(leaves.values[k], slope_is_negative=False) / 2
+    midpoint = {k: s + identity.zero_with_slope(leaves.values[k], slope_is_negative=False, multiplied=True) / 2
                 for k, s in stopped.items()}
     vjp = call_f(f, leaves.with_values(midpoint), kwargs)[1]
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp
@@ -601,7 +601,7 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], examples:
         terms = [identity.zero_term(Layout.SCALAR, value, x, g if order == 2 else identity.stop(g))
                  for x, g in zip(xs, gradients, strict=True)]
         return outputs.with_values({index: identity.attach(value, [t.reshape(value.shape) for t in terms])})
-    zeros = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
+    zeros = [identity.zero_with_slope(x, slope_is_negative=True, multiplied=True) for x in xs]
     products = transposed(*zeros) if transposed is not None else torch.func.vjp(linear, *examples)[1](zeros)
     # the carrier serves forward mode, and links each output to every x (as a Function's node does): where there
     # is one of each, a proven J·v links them already, and reverse mode alone can leave it out
@@ -655,8 +655,8 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         kept, linear, closed_over, transposed = _proven(cotangents, vjp, examples, order)
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
-        zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0 for x in leaves.tensors()),
-                   torch.zeros(()))
+        zero = sum((identity.zero_with_slope(x, slope_is_negative=True, multiplied=True).real.sum() * 0.0
+                    for x in leaves.tensors()), torch.zeros(()))
         return outputs.with_values({k: identity.attach(outputs.values[k], [zero]) for k in outputs.differentiable})
     if guard and not compiling:  # J depends on xs and what the VJP closes over: derivatives of those count
         second_derivative_guard.check([*xs, *closed_over], order, name)

@@ -52,19 +52,31 @@ def inexact_tensor(value: Any, what: str, dtype_hint: torch.dtype | None = None)
     return tensor
 
 
-def zero_with_slope(x: torch.Tensor, slope_is_negative: bool) -> torch.Tensor:
+def finite(t: torch.Tensor) -> torch.Tensor:
+    """isfinite(t) as one comparison, |t| < inf, for a real t (NaN compares false), which Inductor's CPU code
+    recomputes where it needs it rather than keeping a boolean mask; isfinite for a complex t."""
+    return torch.isfinite(t) if t.is_complex() else t.abs() < math.inf
+
+
+def zero_with_slope(x: torch.Tensor, slope_is_negative: bool, *, multiplied: bool = False) -> torch.Tensor:
     """x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite.
 
-    inf − inf is NaN: where x is inf or NaN the value wins, +0.0 with no
-    derivative. ``nan_to_num`` is that select in one op, where ``isfinite``
-    and ``where`` are two, eagerly a pass over memory each. PyTorch does not
-    differentiate a complex nan_to_num: there the select stays.
+    inf − inf is NaN: where x is inf or NaN the value is +0.0 all the same.
+    By default a select keeps it, which passes no derivative there whatever
+    the cotangent or tangent holds, as JAX's and TensorFlow's identities do.
+    ``multiplied``: ``nan_to_num`` keeps it, whose derivative multiplies by
+    the mask, so an inf or NaN cotangent or tangent there gives NaN, as plain
+    autodiff's product would (the decorator's J·v, where J at an inf x is
+    the VJP's own). Inductor's CPU code runs nan_to_num's NaN test one
+    element at a time, so the select is also the faster where both serve.
+    PyTorch does not differentiate a complex nan_to_num: there the select
+    stays.
     """
     still = stop(x)
     zero = still - x if slope_is_negative else x - still
-    if x.is_complex():
-        return torch.where(torch.isfinite(still), zero, 0.0)
-    return torch.nan_to_num(zero, nan=0.0, posinf=0.0, neginf=0.0)
+    if multiplied and not x.is_complex():
+        return torch.nan_to_num(zero, nan=0.0, posinf=0.0, neginf=0.0)
+    return torch.where(finite(still), zero, 0.0)
 
 
 def zero_with_gradient(x: Any) -> torch.Tensor:
@@ -105,13 +117,13 @@ def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor], carried:
     every zero.
     """
     still = stop(p)
-    finite = torch.isfinite(still)
-    zero = torch.where(finite, p - still, 0.0)
+    finite_p = finite(still)
+    zero = torch.where(finite_p, p - still, 0.0)
     if not carried:
         return zero
-    k = finite.to(zero.real.dtype)
+    k = finite_p.to(zero.real.dtype)
     total = sum((z.real.sum() for z in zeros), torch.zeros((), dtype=k.dtype, device=k.device))
-    never = torch.zeros_like(finite)
+    never = torch.zeros_like(finite_p)
     return zero + (torch.sqrt(k + torch.where(never, total, 0.0)) - k).to(zero.dtype)
 
 
@@ -130,7 +142,8 @@ def _slope_carrier(g: torch.Tensor, finite_g: torch.Tensor, zero: torch.Tensor) 
     for ±inf (0 for NaN): there the square root is at +0.0 (addcmul adds k's +0.0 to −zero's −0.0), whose slope
     is infinite, of the sign s gives; a NaN g's slope is inf·0 = NaN. k and s are stopped."""
     k = finite_g.to(zero.real.dtype)
-    s = torch.zeros_like(k) if g.is_complex() else torch.nan_to_num(torch.sign(g), nan=0.0)  # complex: NaN
+    # sign(g) with 0 for NaN, of comparisons (which Inductor's CPU code vectorizes); complex: NaN
+    s = torch.zeros_like(k) if g.is_complex() else (g > 0).to(k.dtype) - (g < 0).to(k.dtype)
     # where g is finite a select of k (a constant), so that an inf or NaN cotangent or tangent there passes
     # nothing through the carrier (s·zero's cotangent would be inf·0 = NaN, where JAX and TensorFlow give inf)
     return torch.sqrt(torch.where(finite_g, k, torch.addcmul(k, s, zero.real))) - k
@@ -139,8 +152,8 @@ def _slope_carrier(g: torch.Tensor, finite_g: torch.Tensor, zero: torch.Tensor) 
 def zero_term(layout: Layout, fx: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """T: +0.0 broadcasting to fx's shape, derivative −g·dx in its layout (``attach`` subtracts it)."""
     zero = zero_with_slope(x, slope_is_negative=True)
-    g = torch.where(torch.isfinite(stop(x)), g, 0.0)  # inf or NaN x: no derivative
-    finite_g = torch.isfinite(g)
+    g = torch.where(finite(stop(x)), g, 0.0)  # inf or NaN x: no derivative
+    finite_g = finite(g)
     # carrier + g·zero in one op: its +0.0 makes the product's −0.0 (a negative g) +0.0, as f − T needs
     product = torch.addcmul(_slope_carrier(g, finite_g, zero).to(fx.dtype), torch.where(finite_g, g, 0.0),
                             zero.to(fx.dtype))

@@ -100,7 +100,7 @@ def hooked(x: torch.Tensor, stopped: list[torch.Tensor], name: str) -> torch.Ten
             raise LookupError(BEYOND_ORDER[1].format(name=name))
         if not torch.is_grad_enabled():
             return None
-        reached = sum((zero_with_slope(t, slope_is_negative=False).real.sum() for t in live),
+        reached = sum((zero_with_slope(t, slope_is_negative=False, multiplied=True).real.sum() for t in live),
                       torch.zeros((), dtype=gradient.real.dtype, device=gradient.device))
 
         def refuse(_: torch.Tensor) -> None:
