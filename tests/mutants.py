@@ -243,6 +243,12 @@ def _fast_path_differentiates_its_formula(original):
     return Reduced
 
 
+def _always_finite(original):
+    """The PyTorch identity's eager shortcut taken for every tensor: its selects left out where x or J·v is inf
+    or NaN."""
+    return lambda t: True
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _FAST = "tests/test_torch_fast_path.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
@@ -305,6 +311,10 @@ MUTANTS = {
     "the PyTorch identity's fast path differentiates its own formula under create_graph": Mutant(
         "stopgrad_math.torch.eager_fast_path", "_FiniteIdentity", _fast_path_differentiates_its_formula,
         (f"{_FAST}::test_create_graph_differentiates_the_identitys_ops",)),
+    "the PyTorch identity leaves out its selects for a non-finite x": Mutant(
+        "stopgrad_math.torch.identity", "_eagerly_finite", _always_finite,
+        (f"{_TORCH}::test_an_inf_or_nan_x_has_no_derivative_whatever_the_cotangent_or_tangent_holds",
+         f"{_AS_BACKWARD}::test_a_non_finite_value_reaches_the_elements_plain_autodiff_reaches")),
     "the PyTorch table takes every vjp for linear": Mutant(
         "stopgrad_math.torch.linear_ops", "judge", _everything_linear,
         ("tests/test_torch_linear_ops.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),

@@ -249,3 +249,29 @@ def test_compiled_the_identity_gives_the_eager_identitys_bits_over_the_grid(dtyp
     compiled = value_and_grad(torch.compile(sgm.custom_gradient, fullgraph=True))
     for got, want in zip(compiled, value_and_grad(ordinary), strict=True):
         same_bits(got, want)
+
+
+@sgm.custom_gradient
+def _scaled(x, w):
+    return x * w, lambda ct: (ct * w, None)
+
+
+@pytest.mark.parametrize("mode", ["backward", "forward_ad"])
+def test_the_decorators_selects_left_out_for_finite_values_change_no_bit(mode, monkeypatch):
+    """Eagerly, where x and J·v are finite, the selects that keep +0.0 at a non-finite element are left out (they
+    would pass every value and derivative as they are): the same bits as with them, over the grid's weights and
+    cotangents or tangents."""
+    x0, w, c = grid(torch.float64)
+
+    def run():
+        if mode == "backward":
+            x = x0.clone().requires_grad_(True)
+            out = _scaled(x, w)
+            return out.detach(), torch.autograd.grad(out, x, c)[0]
+        with forward_ad.dual_level():
+            return tuple(forward_ad.unpack_dual(_scaled(forward_ad.make_dual(x0, c), w)))
+
+    shortened = run()
+    monkeypatch.setattr(identity, "all_finite", lambda *tensors: False)
+    for got, want in zip(shortened, run(), strict=True):
+        same_bits(got, want)

@@ -14,7 +14,8 @@ last op.
 The fast path is taken only where the two are known to agree (``tests/test_torch_fast_path.py`` compares them
 bit for bit over a grid of ±0, subnormal, huge, ±inf and NaN cotangents and tangents, and in every mode): one
 leaf of x, elementwise, with fx, gx and x of one shape and one dtype (float16, 32 or 64), plain tensors, in reverse
-mode or in forward mode but not both, and no torch.func transform, compilation, trace or torch function mode.
+mode or in forward mode but not both, and plainly eager (``identity.plainly_eager``: no torch.func transform,
+compilation, trace, dispatch or torch function mode).
 Everything else is the ordinary ops: a non-finite element of x or gx, broadcasting, several leaves, complex
 values, ``fx_gx_manually_stopped``. A backward with ``create_graph=True`` differentiates its own result, so it
 recomputes the identity's ops from the saved x and differentiates those.
@@ -28,7 +29,7 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.torch import identity, second_derivative_guard
+from stopgrad_math.torch import identity
 
 
 def _ordinary(fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -88,14 +89,6 @@ def _one_mode(x: torch.Tensor) -> bool:
     return not reverse and tangent is not None and not (torch.is_grad_enabled() and tangent.requires_grad)
 
 
-def _finite(x: torch.Tensor, g: torch.Tensor) -> bool:
-    """Whether every element of x and g is finite: a sum is finite only if they all are (one read of each); where
-    it is not, which may be an overflow of finite elements, each element is asked."""
-    if bool(torch.isfinite(x.sum() + g.sum())):
-        return True
-    return bool(torch.isfinite(x).all()) and bool(torch.isfinite(g).all())
-
-
 def finite_identity(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Tensor, torch.Tensor]]
                     ) -> torch.Tensor | None:
     """The identity's result through the fast path, fx and g stopped; None where the ordinary ops must run."""
@@ -104,12 +97,7 @@ def finite_identity(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Ten
     (_, layout, g, x) = planned[0]
     if layout is not Layout.ELEMENTWISE or not (_plain(fx, fx) and _plain(g, fx) and _plain(x, fx)):
         return None
-    if (torch.compiler.is_compiling() or second_derivative_guard.in_transform()
-            or torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack()):
-        return None
-    if not _one_mode(x):
-        return None
-    if not _finite(x.detach(), g):
+    if not (identity.plainly_eager() and _one_mode(x) and identity.all_finite(x, g)):
         return None
     result: torch.Tensor = _FiniteIdentity.apply(fx, g, x)  # type: ignore[no-untyped-call]
     return result

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 import torch
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 from stopgrad_math.shared.layouts import Layout
 
@@ -58,6 +59,28 @@ def finite(t: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(t) if t.is_complex() else t.abs() < math.inf
 
 
+def plainly_eager() -> bool:
+    """Whether ops run now on plain tensors, eagerly, and nothing records what a value decides: no compilation,
+    ``torch.jit`` trace, torch.func transform, dispatch mode (``make_fx``, fake tensors) or torch function mode.
+    Only there may a branch on a tensor's elements choose the ops (a trace would bake the branch in)."""
+    return not (torch.compiler.is_compiling() or torch._C._get_tracing_state() or retrieve_all_functorch_interpreters()
+                or torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack())
+
+
+def all_finite(*tensors: torch.Tensor) -> bool:
+    """Whether every element of each real tensor is finite, asked eagerly of plain tensors: a sum is finite only
+    if every element is (one read); where it is not, which may be an overflow of finite elements, each element
+    is asked."""
+    return all(math.isfinite(t.detach().sum().item()) or bool(torch.isfinite(t.detach()).all()) for t in tensors)
+
+
+def _eagerly_finite(t: torch.Tensor) -> bool:
+    """Whether t is a plain real tensor of finite elements in a plainly eager call: there a select that keeps
+    +0.0 for non-finite elements is the identity on values and derivatives, and can be left out."""
+    return (type(t) is torch.Tensor and t.dtype.is_floating_point and t.layout == torch.strided and plainly_eager()
+            and all_finite(t))
+
+
 def zero_with_slope(x: torch.Tensor, slope_is_negative: bool, *, multiplied: bool = False) -> torch.Tensor:
     """x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite.
 
@@ -74,6 +97,8 @@ def zero_with_slope(x: torch.Tensor, slope_is_negative: bool, *, multiplied: boo
     """
     still = stop(x)
     zero = still - x if slope_is_negative else x - still
+    if _eagerly_finite(still):  # the select or nan_to_num would pass every value and derivative as they are
+        return zero
     if multiplied and not x.is_complex():
         return torch.nan_to_num(zero, nan=0.0, posinf=0.0, neginf=0.0)
     return torch.where(finite(still), zero, 0.0)
@@ -117,6 +142,8 @@ def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor], carried:
     every zero.
     """
     still = stop(p)
+    if not carried and _eagerly_finite(still):  # the select would pass every value and derivative as they are
+        return p - still
     finite_p = finite(still)
     zero = torch.where(finite_p, p - still, 0.0)
     if not carried:
