@@ -275,3 +275,15 @@ def test_the_decorators_selects_left_out_for_finite_values_change_no_bit(mode, m
     monkeypatch.setattr(identity, "all_finite", lambda *tensors: False)
     for got, want in zip(shortened, run(), strict=True):
         same_bits(got, want)
+
+
+def test_a_jit_trace_records_the_ordinary_ops_so_a_later_inf_keeps_its_meaning():
+    """Under torch.jit.trace no branch on the elements is taken (it would be baked into the trace): a trace made
+    on finite x gives an inf x of a later call no derivative, and an inf gx its infinite one."""
+    g = torch.tensor([2.0, math.inf, 3.0])
+    fn = lambda x, g: sgm.custom_gradient(torch.zeros(3), g, x)  # noqa: E731
+    with torch.jit.optimized_execution(False):
+        traced = torch.jit.trace(fn, (torch.ones(3, requires_grad=True), torch.ones(3)), check_trace=False)
+        x = torch.tensor([1.0, 1.0, math.inf], requires_grad=True)
+        traced(x, g).backward(torch.ones(3))
+    assert x.grad.tolist() == [2.0, math.inf, 0.0]
