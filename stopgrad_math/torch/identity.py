@@ -6,7 +6,8 @@
 adding ``N`` (+0.0) makes a product of sign −0.0 +0.0, so ``f − T`` is f bit
 for bit. Every op is an ordinary ATen op, with no ``autograd.Function``, so
 ``backward``, ``forward_ad``, ``torch.func`` and ``torch.compile`` all see an
-ordinary function.
+ordinary function (``eager_fast_path`` reproduces its derivative bit for bit
+in plain eager calls).
 
 PyTorch has no multiply-no-NaN: ``g·0`` is NaN where g is inf. So the product
 takes g with its non-finite elements set to 0, and ``N`` carries their
