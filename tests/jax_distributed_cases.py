@@ -66,8 +66,7 @@ def test_jit_with_named_sharding(form, mesh):
     assert gradient.sharding.is_equivalent_to(sharding, 1)
     np.testing.assert_allclose(gradient, _truth(form), rtol=1e-13, atol=1e-15)
     _, tangent = jax.jit(lambda x, t: jax.jvp(lambda x: fn(x), (x,), (t,)))(x, jnp.ones_like(x))
-    if form != "scale_gradient":  # scale_gradient scales the reverse mode alone; its tangent is softplus'
-        np.testing.assert_allclose(tangent, _truth(form), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(tangent, _truth(form), rtol=1e-13, atol=1e-15)  # scale_gradient scales both modes
     np.testing.assert_allclose(loss(x), np.sum(np.logaddexp(X, 0.0)), rtol=1e-13)
 
 
@@ -93,6 +92,30 @@ def test_shard_map_with_its_default_checks_and_a_psum_in_the_loss(form):
     plain = SLOPES[form] * np.asarray(inside(jax.nn.softplus)(x))
     np.testing.assert_allclose(inside(fn)(x), plain, rtol=1e-13, atol=1e-15)
     assert np.allclose(plain, _truth(form)) or np.allclose(plain, 8.0 * _truth(form))
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_jvp_jacfwd_and_vmap_inside_shard_map_with_its_default_checks(form):
+    """Inside the map each device differentiates its own part: jvp along ones, the diagonal of jacfwd, and vmap of
+    grad over the part's elements, against softplus differentiated the same way in the same map, and that against
+    the truth on one device (scale_gradient scales both modes)."""
+    mesh = _mesh((8,), ("data",))
+    x = jax.device_put(jnp.asarray(X), NamedSharding(mesh, P("data")))
+
+    def ways(fn):
+        def per_device(xs):
+            tangent = jax.jvp(fn, (xs,), (jnp.ones_like(xs),))[1]
+            diagonal = jnp.diagonal(jax.jacfwd(fn)(xs))
+            elementwise = jax.vmap(jax.grad(fn))(xs)
+            return tangent, diagonal, elementwise
+        mapped = shard_map(per_device, mesh=mesh, in_specs=P("data"), out_specs=(P("data"),) * 3)
+        return [np.asarray(part) for part in jax.jit(mapped)(x)]
+
+    plain = ways(jax.nn.softplus)
+    for got, want in zip(ways(FORMS[form]), plain, strict=True):
+        np.testing.assert_allclose(got, SLOPES[form] * want, rtol=1e-13, atol=1e-15)
+    for part in plain:
+        np.testing.assert_allclose(part, _truth("identity form"), rtol=1e-13, atol=1e-15)
 
 
 @pytest.mark.parametrize("form", FORMS)

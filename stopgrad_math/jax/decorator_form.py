@@ -162,6 +162,19 @@ def _one_element(outputs: Leaves, leaves: Leaves, linear: _LinearMap) -> bool:
     return y.size == 1 and all(identity.is_complex(leaves.values[k].dtype) == complex_y for k in linear.arguments)
 
 
+def _ones_of_type(cotangent_type: Any) -> jax.Array:
+    """Ones of a cotangent's type, varying over the manual axes of shard_map it varies over (``jnp.ones`` is
+    invariant there, and the VJP's product of it with a varying value is refused by shard_map's check)."""
+    ones = jnp.ones(cotangent_type.shape, cotangent_type.dtype)
+    axes = tuple(identity.varying(cotangent_type))
+    if not axes:
+        return ones
+    pcast = getattr(jax.lax, "pcast", None)  # JAX 0.10; pvary before
+    varied: jax.Array = pcast(ones, axes, to="varying") if pcast is not None else jax.lax.pvary(  # type: ignore[attr-defined]
+        ones, axes)
+    return varied
+
+
 def _terms(f: Callable[..., Any], outputs: Leaves, leaves: Leaves, linear: _LinearMap, consts: list[Any],
            vs: list[jax.Array]) -> dict[int, jax.Array]:
     """The zero term of each differentiable output: +0.0 with derivative J; ``vs``: stop(x) − x for each argument
@@ -169,7 +182,7 @@ def _terms(f: Callable[..., Any], outputs: Leaves, leaves: Leaves, linear: _Line
     if _one_element(outputs, leaves, linear):  # the identity form, with the Jacobian's one row vjp(1)
         index = outputs.differentiable[0]
         y = outputs.values[index]
-        gradients = linear(jnp.ones(y.shape, y.dtype), consts=consts)
+        gradients = linear(_ones_of_type(linear.cotangents[0]), consts=consts)
         terms = [identity.zero_term(Layout.SCALAR, y, leaves.values[k], g, zero)
                  for k, g, zero in zip(linear.arguments, gradients, vs, strict=True)]
         return {index: jnp.reshape(sum(terms, jnp.zeros((), y.dtype)), y.shape)}
