@@ -9,7 +9,8 @@ the identity form against ``torch.autograd.Function`` (the anchor; with a
 autodiff of ``softplus`` (the floor); and each one's value alone where
 nothing differentiates, beside f alone. Then a training step of a small MLP
 with the function as its activation (eager, compiled, inference) and the
-first compiled call of that step. Each cell is timed in ``--blocks``
+first compiled call of that step (each in a process of its own, with an
+empty kernel cache). Each cell is timed in ``--blocks``
 blocks; within a block the implementations run round-robin and each block gives a median per
 implementation, so a ratio is the median over blocks with its range, the
 run-to-run noise. Imports PyTorch, never TensorFlow or JAX: a machine with a
@@ -21,10 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -214,22 +218,38 @@ def step_cell(phase: str, batch: int, width: int, blocks: int, min_time: float, 
                        batch * width, phase, blocks, min_time, rounds=3)
 
 
-def first_compile_rows(batch: int, width: int, device: str) -> list[dict]:
-    """Seconds of the first call of the compiled step, from a fresh Dynamo with Inductor's and AOTAutograd's
-    caches off: compile time, each implementation once (the anchor's row a ratio of 1)."""
+def first_compile_seconds(name: str, batch: int, width: int, device: str) -> float:
+    """Seconds of the first call of ``name``'s compiled step, in this process: the compiler's own start-up paid
+    first (a tiny function compiled), then a fresh Dynamo with Inductor's and AOTAutograd's graph caches off."""
+    torch.compile(lambda t: (t * 2.0).sin(), fullgraph=True)(torch.ones(3, device=device))
+    torch._dynamo.reset()
     x = torch.linspace(-3.0, 3.0, batch * width, device=device).reshape(batch, width)
-    seconds = {}
     caches = {"fx_graph_cache": False, "autotune_local_cache": False}  # Inductor's compiled graphs, kept on disk
     caches = {k: v for k, v in caches.items() if hasattr(torch._inductor.config, k)}
-    for name in IMPLEMENTATIONS:
-        torch._dynamo.reset()
-        step = step_programs(name, "MLP step, compiled", width, device)
-        with torch._inductor.config.patch(caches), torch._functorch.config.patch(enable_autograd_cache=False):
-            start = time.perf_counter()
-            step(x)
-            _synchronize(x)
-            seconds[name] = time.perf_counter() - start
-    return [_row(batch * width, FIRST_COMPILE, name, [seconds]) for name in seconds]
+    step = step_programs(name, "MLP step, compiled", width, device)
+    with torch._inductor.config.patch(caches), torch._functorch.config.patch(enable_autograd_cache=False):
+        start = time.perf_counter()
+        step(x)
+        _synchronize(x)
+        return time.perf_counter() - start
+
+
+def first_compile_rows(batch: int, width: int, device: str, rounds: int) -> list[dict]:
+    """The first compiled call of each implementation's step, each in a process of its own with an empty
+    Inductor cache directory, so that no implementation finds kernels another compiled, or a run before (a
+    user's first compile of a new model finds none); ``rounds`` rounds, implementations in turn."""
+    per_round = []
+    for _ in range(rounds):
+        seconds = {}
+        for name in IMPLEMENTATIONS:
+            with tempfile.TemporaryDirectory() as cache:
+                command = [sys.executable, __file__, "--first-compile", name, "--batch", str(batch), "--width",
+                           str(width)]
+                result = subprocess.run(command, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache},
+                                        capture_output=True, text=True, check=True)
+            seconds[name] = float(result.stdout.strip().splitlines()[-1])
+        per_round.append(seconds)
+    return [_row(batch * width, FIRST_COMPILE, name, per_round) for name in IMPLEMENTATIONS]
 
 
 def _row(n: int, phase: str, name: str, per_block: list[dict[str, float]]) -> dict:
@@ -271,7 +291,9 @@ def markdown(rows: list[dict], device: str, batch: int = 0, width: int = 0) -> s
                   f"batch {batch}", "",
                   "A step is the loss and its gradient w.r.t. the weights; compiled, the forward under "
                   "`torch.compile(fullgraph=True)`; inference, the forward under `no_grad`. The first compiled call "
-                  "is timed once per implementation from a fresh Dynamo (its compile time).", "",
+                  "(its compile time) is timed in a process of its own per implementation and round, after the "
+                  "compiler's start-up, with an empty Inductor cache directory (no kernel compiled before), the "
+                  "ratio the median over rounds.", "",
                   "| implementation | " + " | ".join(steps) + " |", "|---|" + "---|" * len(steps)]
         for name in IMPLEMENTATIONS:
             cells = [next(_cell_text(r) for r in rows if r["phase"] == phase and r["implementation"] == name)
@@ -296,15 +318,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256, help="the training step's batch (0: no step rows)")
     parser.add_argument("--width", type=int, default=1024, help="the training step's layer width")
     parser.add_argument("--steps-only", action="store_true", help="the training step's rows alone")
+    parser.add_argument("--compile-rounds", type=int, default=3, help="rounds of the first-compile row")
+    parser.add_argument("--first-compile", default=None, help=argparse.SUPPRESS)  # one child of that row
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.first_compile:
+        print(first_compile_seconds(args.first_compile, args.batch, args.width, device))
+        return 0
     sizes = args.sizes or ([10**6, 10**7, 10**8] if device == "cuda" else [10**3, 10**5, 10**6])
     rows = [] if args.steps_only else [row for n in sizes for phase in PHASES
                                        for row in run_cell(n, phase, args.blocks, args.min_time, device)]
     if args.batch:
         rows += [row for phase in STEPS
                  for row in step_cell(phase, args.batch, args.width, args.blocks, args.min_time, device)]
-        rows += first_compile_rows(args.batch, args.width, device)
+        rows += first_compile_rows(args.batch, args.width, device, args.compile_rounds)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "latest-torch-gpu" if device == "cuda" else "latest-torch"
