@@ -4,6 +4,7 @@ mode where the path is taken, and the routes where it is not."""
 
 import math
 import threading
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -21,9 +22,11 @@ FAST = "_FiniteIdentityBackward"
 
 
 def ordinary(fx, g, x):
-    """The definition: the identity's ordinary ops, fx and g stopped, elementwise (no fast path in between)."""
+    """The definition: the identity's ordinary ops, fx and g stopped, elementwise, every select kept (neither the
+    fast path nor the eager shortcut that leaves a select out for finite values in between)."""
     fx, g = fx.detach(), g.detach()
-    return identity.attach(fx, [identity.zero_term(Layout.ELEMENTWISE, fx, x, g)])
+    with mock.patch.object(identity, "_eagerly_finite", lambda t: False):
+        return identity.attach(fx, [identity.zero_term(Layout.ELEMENTWISE, fx, x, g)])
 
 
 def corners(dtype, finite):
@@ -287,3 +290,23 @@ def test_a_jit_trace_records_the_ordinary_ops_so_a_later_inf_keeps_its_meaning()
         x = torch.tensor([1.0, 1.0, math.inf], requires_grad=True)
         traced(x, g).backward(torch.ones(3))
     assert x.grad.tolist() == [2.0, math.inf, 0.0]
+
+
+@pytest.mark.parametrize("mode", ["backward", "forward_ad"])
+def test_where_the_fast_path_is_not_taken_the_selects_left_out_change_no_bit(mode):
+    """bfloat16 (no fast path) with finite x: the ordinary ops without the select that keeps +0.0 at a non-finite
+    x, against them with it, over the grid."""
+    x0, g, c = (t.to(torch.bfloat16) for t in grid(torch.float32))
+    fx = torch.zeros_like(x0)
+
+    def run(embed):
+        if mode == "backward":
+            x = x0.clone().requires_grad_(True)
+            out = embed(fx, g, x)
+            assert type(out.grad_fn).__name__ != FAST
+            return out.detach(), torch.autograd.grad(out, x, c)[0]
+        with forward_ad.dual_level():
+            return tuple(forward_ad.unpack_dual(embed(fx, g, forward_ad.make_dual(x0, c))))
+
+    for got, want in zip(run(sgm.custom_gradient), run(ordinary), strict=True):
+        same_bits(got, want)
