@@ -5,7 +5,7 @@ Each case is the loss Σ fn(x) (log1pexp by the identity form, by the decorator,
 float64, against plain autodiff of the stable formula (softplus) on one device: jit with NamedSharding on a 1-D
 and a 2-D mesh (grad and jvp), shard_map with its default checks and a psum in the loss (the gradient taken
 outside the map and inside it), and pmap with a psum (against softplus autodiffed there, since pmap's psum
-transposes to a psum)."""
+transposes to a psum); and Keras 3's model.fit under keras.distribution.DataParallel (KERAS_BACKEND=jax)."""
 
 import functools
 
@@ -132,3 +132,48 @@ def test_pmap_with_a_psum(form):
     plain = SLOPES[form] * gradient_of(jax.nn.softplus)
     np.testing.assert_allclose(gradient_of(FORMS[form]), plain, rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(plain, 8.0 * _truth(form), rtol=1e-13, atol=1e-15)
+
+
+def _keras_weights(activation, distributed):
+    """Weights after 3 epochs of SGD on a small regression, batch 16 over 8 devices with Keras's DataParallel
+    (each device a share of the batch, the gradients all-reduced) or on one device, float64."""
+    keras = pytest.importorskip("keras")
+    assert keras.backend.backend() == "jax", "run with KERAS_BACKEND=jax"
+    keras.config.set_floatx("float64")
+    if distributed:
+        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(8), keras.layers.Activation(activation),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=(64, 2)) * 3.0, rng.normal(size=(64, 1))
+        model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+        return [np.asarray(w) for w in model.weights]
+    finally:
+        keras.distribution.set_distribution(None)
+        keras.config.set_floatx("float32")
+
+
+@pytest.mark.parametrize("form", ["identity form", "decorator"])
+def test_keras_fit_under_data_parallel(form):
+    """model.fit with keras.distribution.DataParallel over the 8 devices, log1pexp as the activation through
+    stopgrad_math.keras: the weights of the same run on one device (the 8 shares' gradients all-reduced, to the
+    order of a float64 sum), and of the model whose activation is softplus, differentiated by JAX, to 1e-7: the
+    forms' value is Keras's logaddexp, which differs from softplus in the last bits, and 12 steps carry that."""
+    from keras import ops
+
+    import stopgrad_math.keras as sgk
+
+    @sgk.custom_gradient
+    def decorated(x):
+        return ops.logaddexp(x, 0.0), lambda upstream: upstream * ops.sigmoid(x)
+
+    activation = decorated if form == "decorator" else (
+        lambda x: sgk.custom_gradient(ops.logaddexp(x, 0.0), ops.sigmoid(x), x))
+    distributed, one_device, truth = (_keras_weights(activation, True), _keras_weights(activation, False),
+                                      _keras_weights(ops.softplus, True))
+    for got, single, softplus in zip(distributed, one_device, truth, strict=True):
+        np.testing.assert_allclose(got, single, rtol=1e-14, atol=1e-15)
+        np.testing.assert_allclose(got, softplus, rtol=0, atol=1e-7)

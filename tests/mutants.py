@@ -249,6 +249,12 @@ def _always_finite(original):
     return lambda t: True
 
 
+def _nothing_varies(original):
+    """The JAX namespace reading no manual axis of shard_map from a type: its products, the decorator's cotangents
+    and their ones typed invariant where the values vary."""
+    return lambda aval: frozenset()
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _FAST = "tests/test_torch_fast_path.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
@@ -315,6 +321,8 @@ MUTANTS = {
         "stopgrad_math.torch.identity", "_eagerly_finite", _always_finite,
         (f"{_TORCH}::test_an_inf_or_nan_x_has_no_derivative_whatever_the_cotangent_or_tangent_holds",
          f"{_AS_BACKWARD}::test_a_non_finite_value_reaches_the_elements_plain_autodiff_reaches")),
+    "the JAX namespace types every value as invariant inside shard_map": Mutant(
+        "stopgrad_math.jax.identity", "varying", _nothing_varies, ("tests/test_jax_distributed.py",)),
     "the PyTorch table takes every vjp for linear": Mutant(
         "stopgrad_math.torch.linear_ops", "judge", _everything_linear,
         ("tests/test_torch_linear_ops.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),
