@@ -193,7 +193,8 @@ def _mlp(activation: Callable[[torch.Tensor], torch.Tensor], width: int,
     return forward, weights
 
 
-def step_programs(name: str, phase: str, width: int, device: str) -> Callable[[torch.Tensor], object]:
+def step_programs(name: str, phase: str, width: int, device: str,
+                  backend: str = "inductor") -> Callable[[torch.Tensor], object]:
     """A step: the loss and its gradient w.r.t. the weights (eager, or the forward compiled); or the forward
     alone without grad (inference)."""
     forward, weights = _mlp(_Log1pexpNoJvp.apply if name == ANCHOR else IMPLEMENTATIONS[name], width, device)
@@ -203,7 +204,7 @@ def step_programs(name: str, phase: str, width: int, device: str) -> Callable[[t
                 return forward(x)
         return infer
     if phase == "MLP step, compiled":
-        forward = torch.compile(forward, fullgraph=True)
+        forward = torch.compile(forward, fullgraph=True, backend=backend)
 
     def step(x: torch.Tensor) -> object:
         loss = forward(x).square().mean()
@@ -218,15 +219,15 @@ def step_cell(phase: str, batch: int, width: int, blocks: int, min_time: float, 
                        batch * width, phase, blocks, min_time, rounds=3)
 
 
-def first_compile_seconds(name: str, batch: int, width: int, device: str) -> float:
+def first_compile_seconds(name: str, batch: int, width: int, device: str, backend: str) -> float:
     """Seconds of the first call of ``name``'s compiled step, in this process: the compiler's own start-up paid
     first (a tiny function compiled), then a fresh Dynamo with Inductor's and AOTAutograd's graph caches off."""
-    torch.compile(lambda t: (t * 2.0).sin(), fullgraph=True)(torch.ones(3, device=device))
+    torch.compile(lambda t: (t * 2.0).sin(), fullgraph=True, backend=backend)(torch.ones(3, device=device))
     torch._dynamo.reset()
     x = torch.linspace(-3.0, 3.0, batch * width, device=device).reshape(batch, width)
     caches = {"fx_graph_cache": False, "autotune_local_cache": False}  # Inductor's compiled graphs, kept on disk
     caches = {k: v for k, v in caches.items() if hasattr(torch._inductor.config, k)}
-    step = step_programs(name, "MLP step, compiled", width, device)
+    step = step_programs(name, "MLP step, compiled", width, device, backend)
     with torch._inductor.config.patch(caches), torch._functorch.config.patch(enable_autograd_cache=False):
         start = time.perf_counter()
         step(x)
@@ -234,7 +235,7 @@ def first_compile_seconds(name: str, batch: int, width: int, device: str) -> flo
         return time.perf_counter() - start
 
 
-def first_compile_rows(batch: int, width: int, device: str, rounds: int) -> list[dict]:
+def first_compile_rows(batch: int, width: int, device: str, rounds: int, backend: str) -> list[dict]:
     """The first compiled call of each implementation's step, each in a process of its own with an empty
     Inductor cache directory, so that no implementation finds kernels another compiled, or a run before (a
     user's first compile of a new model finds none); ``rounds`` rounds, implementations in turn."""
@@ -244,7 +245,7 @@ def first_compile_rows(batch: int, width: int, device: str, rounds: int) -> list
         for name in IMPLEMENTATIONS:
             with tempfile.TemporaryDirectory() as cache:
                 command = [sys.executable, __file__, "--first-compile", name, "--batch", str(batch), "--width",
-                           str(width)]
+                           str(width), "--compile-backend", backend]
                 result = subprocess.run(command, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache},
                                         capture_output=True, text=True, check=True)
             seconds[name] = float(result.stdout.strip().splitlines()[-1])
@@ -319,11 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1024, help="the training step's layer width")
     parser.add_argument("--steps-only", action="store_true", help="the training step's rows alone")
     parser.add_argument("--compile-rounds", type=int, default=3, help="rounds of the first-compile row")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="the first-compile row's backend (aot_eager: no kernels built, for a quick check)")
     parser.add_argument("--first-compile", default=None, help=argparse.SUPPRESS)  # one child of that row
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.first_compile:
-        print(first_compile_seconds(args.first_compile, args.batch, args.width, device))
+        print(first_compile_seconds(args.first_compile, args.batch, args.width, device, args.compile_backend))
         return 0
     sizes = args.sizes or ([10**6, 10**7, 10**8] if device == "cuda" else [10**3, 10**5, 10**6])
     rows = [] if args.steps_only else [row for n in sizes for phase in PHASES
@@ -331,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch:
         rows += [row for phase in STEPS
                  for row in step_cell(phase, args.batch, args.width, args.blocks, args.min_time, device)]
-        rows += first_compile_rows(args.batch, args.width, device, args.compile_rounds)
+        rows += first_compile_rows(args.batch, args.width, device, args.compile_rounds, args.compile_backend)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "latest-torch-gpu" if device == "cuda" else "latest-torch"
