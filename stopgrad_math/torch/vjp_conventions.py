@@ -39,11 +39,17 @@ class Leaves:
     @classmethod
     def of_arguments(cls, args: tuple[Any, ...], names: list[str]) -> Leaves:
         """The leaves of the positional arguments, each labelled by its argument's name and its path in it."""
+        if all(type(a) is torch.Tensor for a in args):  # the common call: a label per argument, no walk
+            values = list(args)
+            return cls([names[k] for k in range(len(values))], values, pytree.tree_structure(values),
+                       [k for k, v in enumerate(values) if is_differentiable(v)])
         return cls.of(list(args), "", lambda path: f"{names[path[0].idx]}{pytree.keystr(path[1:])}")
 
     @classmethod
     def of(cls, tree: Any, prefix: str, label: Callable[[Any], str] | None = None) -> Leaves:
         """``label``: a leaf's path to its label; by default ``prefix`` and the path."""
+        if type(tree) is torch.Tensor and label is None:  # one tensor: its label is the prefix
+            return cls([prefix], [tree], pytree.tree_structure(tree), [0] if is_differentiable(tree) else [])
         pairs, structure = pytree.tree_flatten_with_path(tree)
         values = [v for _, v in pairs]
         if label is None:  # (not `label or`: Dynamo may take a function's truth for control flow)
