@@ -146,10 +146,9 @@ def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False
     if not fx_gx_manually_stopped:
         fx = identity.stop(fx)
         planned = [(label, layout, identity.stop(g), leaf) for label, layout, g, leaf in planned]
-    elif not stopped_by_caller and not torch.compiler.is_compiling():
-        _check_held_apart(fx, planned)
-    if not fx_gx_manually_stopped:
         fast = eager_fast_path.finite_identity(fx, planned)
         if fast is not None:
             return fast
+    elif not stopped_by_caller and not torch.compiler.is_compiling():
+        _check_held_apart(fx, planned)
     return identity.attach(fx, [identity.zero_term(layout, fx, leaf, g) for _, layout, g, leaf in planned])

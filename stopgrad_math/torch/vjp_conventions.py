@@ -41,21 +41,23 @@ class Leaves:
         """The leaves of the positional arguments, each labelled by its argument's name and its path in it."""
         if all(type(a) is torch.Tensor for a in args):  # the common call: a label per argument, no walk
             values = list(args)
-            return cls([names[k] for k in range(len(values))], values, pytree.tree_structure(values),
-                       [k for k, v in enumerate(values) if is_differentiable(v)])
+            return cls.labelled([names[k] for k in range(len(values))], values, pytree.tree_structure(values))
         return cls.of(list(args), "", lambda path: f"{names[path[0].idx]}{pytree.keystr(path[1:])}")
 
     @classmethod
     def of(cls, tree: Any, prefix: str, label: Callable[[Any], str] | None = None) -> Leaves:
         """``label``: a leaf's path to its label; by default ``prefix`` and the path."""
         if type(tree) is torch.Tensor and label is None:  # one tensor: its label is the prefix
-            return cls([prefix], [tree], pytree.tree_structure(tree), [0] if is_differentiable(tree) else [])
+            return cls.labelled([prefix], [tree], pytree.tree_structure(tree))
         pairs, structure = pytree.tree_flatten_with_path(tree)
-        values = [v for _, v in pairs]
         if label is None:  # (not `label or`: Dynamo may take a function's truth for control flow)
             label = lambda path: f"{prefix}{pytree.keystr(path)}"  # noqa: E731
-        return cls([label(p) for p, _ in pairs], values, structure,
-                   [k for k, v in enumerate(values) if is_differentiable(v)])
+        return cls.labelled([label(p) for p, _ in pairs], [v for _, v in pairs], structure)
+
+    @classmethod
+    def labelled(cls, labels: list[str], values: list[Any], structure: Any) -> Leaves:
+        """Leaves of these labels, values and structure; the differentiable ones found among the values."""
+        return cls(labels, values, structure, [k for k, v in enumerate(values) if is_differentiable(v)])
 
     def with_values(self, replaced: dict[int, Any]) -> Any:
         return pytree.tree_unflatten([replaced.get(k, v) for k, v in enumerate(self.values)], self.structure)
