@@ -243,6 +243,25 @@ def _fast_path_differentiates_its_formula(original):
     return Reduced
 
 
+def _dual_of_the_map_alone(original):
+    """The PyTorch decorator's forward fast path with J·ẋ for its tangent, without the ordinary ops' −1·(· + 0):
+    right up to the sign of a zero."""
+    import torch
+    import torch.autograd.forward_ad as forward_ad
+
+    def dual_of_map(ys, xs, transposed):
+        if original(ys, xs, transposed) is None:
+            return None
+        tangents = transposed(*[forward_ad.unpack_dual(x).tangent for x in xs])
+        return [forward_ad.make_dual(torch.sub(y, 0.0), t) for y, t in zip(ys, tangents, strict=True)]
+    return dual_of_map
+
+
+def _every_graph_maps_tangents(original):
+    """The PyTorch decorator's forward fast path taken for any proven J·v, whatever its ops."""
+    return lambda graph, live: True
+
+
 def _always_finite(original):
     """The PyTorch identity's eager shortcut taken for every tensor: its selects left out where x or J·v is inf
     or NaN."""
@@ -317,6 +336,12 @@ MUTANTS = {
     "the PyTorch identity's fast path differentiates its own formula under create_graph": Mutant(
         "stopgrad_math.torch.eager_fast_path", "_FiniteIdentity", _fast_path_differentiates_its_formula,
         (f"{_FAST}::test_create_graph_differentiates_the_identitys_ops",)),
+    "the PyTorch decorator's forward fast path gives J·ẋ alone": Mutant(
+        "stopgrad_math.torch.eager_fast_path", "dual_of_map", _dual_of_the_map_alone,
+        (f"{_FAST}::test_the_decorators_forward_mode_is_its_ordinary_ops_bit_for_bit_over_the_grid",)),
+    "the PyTorch decorator's forward fast path takes any graph for one applied to tangents": Mutant(
+        "stopgrad_math.torch.eager_fast_path", "maps_tangents", _every_graph_maps_tangents,
+        (f"{_FAST}::test_maps_tangents_reads_each_ops_row_and_where_it_is_live",)),
     "the PyTorch identity leaves out its selects for a non-finite x": Mutant(
         "stopgrad_math.torch.identity", "_eagerly_finite", _always_finite,
         (f"{_TORCH}::test_an_inf_or_nan_x_has_no_derivative_whatever_the_cotangent_or_tangent_holds",

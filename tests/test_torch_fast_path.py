@@ -1,6 +1,7 @@
-"""The identity form's eager fast path (an autograd.Function) against the definition it stands in for, the identity
-of ordinary ops, bit for bit: over a grid of ±0, subnormal, huge, ±inf and NaN cotangents and tangents, in each
-mode where the path is taken, and the routes where it is not."""
+"""The eager fast paths against the definition they stand in for, the ordinary ops, bit for bit: over a grid of ±0,
+subnormal, huge, ±inf and NaN cotangents and tangents, in each mode where a path is taken, and the routes where it
+is not. The identity form's (an autograd.Function); the decorator's in forward mode alone (its J·v applied to the
+tangents, made dual), with the table of ops it rests on."""
 
 import math
 import threading
@@ -310,3 +311,225 @@ def test_where_the_fast_path_is_not_taken_the_selects_left_out_change_no_bit(mod
 
     for got, want in zip(run(sgm.custom_gradient), run(ordinary), strict=True):
         same_bits(got, want)
+
+
+# ---------------------------------------------------------------- the decorator's J·v in forward mode alone
+
+aten = torch.ops.aten
+
+
+def _pairs(dtype):
+    """(a, b): every pair of the grid's values, a anything (a tangent), b anything (a constant)."""
+    every = corners(dtype, False)
+    a, b = torch.meshgrid(every, every, indexing="ij")
+    return a.reshape(-1).contiguous(), b.reshape(-1).contiguous()
+
+
+def _row_calls(dtype):
+    """One call of each row of ``_OPS_OF_TANGENTS``: (op, the op on (live operands, constants), live shapes)."""
+    a, b = _pairs(dtype)
+    n = a.numel()
+    finite = torch.where(b.isfinite(), b, 3.0)  # where J·v is finite, so is each constant v meets (below)
+    square = finite[:16 * 8].reshape(16, 8)
+    return {
+        aten.neg.default: (lambda v: aten.neg.default(v), [a]),
+        aten.clone.default: (lambda v: aten.clone.default(v), [a]),
+        aten.alias.default: (lambda v: aten.alias.default(v), [a]),
+        aten.view.default: (lambda v: aten.view.default(v, [16, -1]), [a]),
+        aten._unsafe_view.default: (lambda v: aten._unsafe_view.default(v, [-1, 16]), [a]),
+        aten.expand.default: (lambda v: aten.expand.default(v, [3, n]), [a.reshape(1, n)]),
+        aten.permute.default: (lambda v: aten.permute.default(v, [1, 0]), [a.reshape(16, -1)]),
+        aten.t.default: (lambda v: aten.t.default(v), [a.reshape(16, -1)]),
+        aten.transpose.int: (lambda v: aten.transpose.int(v, 0, 1), [a.reshape(16, -1)]),
+        aten.squeeze.dim: (lambda v: aten.squeeze.dim(v, 0), [a.reshape(1, n)]),
+        aten.squeeze.dims: (lambda v: aten.squeeze.dims(v, [0]), [a.reshape(1, n)]),
+        aten.unsqueeze.default: (lambda v: aten.unsqueeze.default(v, 1), [a]),
+        aten.sum.dim_IntList: (lambda v: aten.sum.dim_IntList(v, [0], True), [a.reshape(16, -1)]),
+        aten.sum.default: (lambda v: aten.sum.default(v), [a[:16]]),
+        aten.add.Tensor: (lambda v, w: aten.add.Tensor(v, w), [a, b]),
+        aten.sub.Tensor: (lambda v, w: aten.sub.Tensor(v, w), [a, b]),
+        aten.mul.Tensor: (lambda v: (aten.mul.Tensor(v, finite), aten.mul.Tensor(finite, v), aten.mul.Tensor(v, 2.5)),
+                           [a]),
+        aten.mm.default: (lambda v: (aten.mm.default(v, square.T), aten.mm.default(square.T, v)),
+                          [a[:16 * 8].reshape(16, 8)]),
+        aten.div.Tensor: (lambda v: aten.div.Tensor(v, b), [a]),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_each_op_of_tangents_is_its_own_forward_derivative_bit_for_bit_over_the_grid(dtype):
+    """The table the decorator's forward fast path rests on: forward mode's tangent of each op, its live operands
+    ±0.0 in value (v = stop(x) − x) with any tangent, is the op applied to those tangents, constants as they are."""
+    from stopgrad_math.torch.eager_fast_path import _OPS_OF_TANGENTS
+
+    calls = _row_calls(dtype)
+    assert set(calls) == set(_OPS_OF_TANGENTS)
+    for op, (call, tangents) in calls.items():
+        with forward_ad.dual_level():
+            duals = [forward_ad.make_dual(torch.zeros_like(t) * torch.sign(t).nan_to_num(), t) for t in tangents]
+            outs = call(*duals)
+            got = [forward_ad.unpack_dual(o).tangent for o in (outs if isinstance(outs, tuple) else (outs,))]
+        want = call(*tangents)
+        for g, w in zip(got, want if isinstance(want, tuple) else (want,), strict=True):
+            assert g is not None, op
+            assert np.array_equal(bits(g.contiguous()), bits(w.contiguous())), op
+
+
+def test_an_add_with_a_constant_is_not_its_own_forward_derivative_so_its_row_asks_for_both_operands_live():
+    """Why add and sub need both operands live: with a constant zero, forward mode passes a −0.0 tangent as it is,
+    where the op would add +0.0 and make it +0.0."""
+    tangent = torch.tensor([-0.0, 1.0])
+    with forward_ad.dual_level():
+        got = forward_ad.unpack_dual(forward_ad.make_dual(torch.zeros(2), tangent) + torch.zeros(2)).tangent
+    assert math.copysign(1, float(got[0])) == -1
+    assert math.copysign(1, float(tangent[0] + torch.zeros(1)[0])) == 1
+
+
+def _graph(fn, *examples):
+    from torch.fx.experimental.proxy_tensor import make_fx
+    return make_fx(fn)(*examples)
+
+
+def test_maps_tangents_reads_each_ops_row_and_where_it_is_live():
+    from stopgrad_math.torch.eager_fast_path import maps_tangents
+
+    v, c = torch.ones(3), torch.ones(3)
+    assert maps_tangents(_graph(lambda v, c: (v * torch.sigmoid(c) / c).sum(0), v, c), 1)
+    assert maps_tangents(_graph(lambda v, c: v.neg() + v * 2.0, v, c), 1)
+    assert not maps_tangents(_graph(lambda v, c: v + c, v, c), 1)  # a constant added
+    assert not maps_tangents(_graph(lambda v, c: v + 0.0, v, c), 1)
+    assert not maps_tangents(_graph(lambda v, c: c / v, v, c), 1)  # the live operand second
+    assert not maps_tangents(_graph(lambda v, c: torch.cumsum(v, 0), v, c), 1)  # not in the table
+    assert not maps_tangents(_graph(lambda v, c: torch.where(c > 0, v, 0.0), v, c), 1)
+    assert not maps_tangents(_graph(lambda v, c: torch.add(v, v, alpha=2.0), v, c), 1)  # an alpha
+    assert not maps_tangents(_graph(lambda v, c: (v * 2.0, c * 2.0), v, c), 1)  # an output reads no v
+    assert not maps_tangents(_graph(lambda v, c: v * c, v, c), 2)  # both live: quadratic
+
+
+def _decorated_cases(dtype):
+    """Decorated functions whose proven J·v is in the table: an activation, a mix of its ops, a reduction, a
+    matrix closed over, two arguments and two outputs."""
+    w = torch.tensor([[0.5, -2.0, 0.0], [-0.0, 3e4, 1e-3], [-7.0, 1.0, 2.0]], dtype=dtype)
+
+    @sgm.custom_gradient
+    def activation(x):
+        return torch.logaddexp(x, torch.zeros((), dtype=dtype)), lambda ct: ct * torch.sigmoid(x)
+
+    @sgm.custom_gradient
+    def mixed(x):
+        return x / 3, lambda ct: ct / 3.0 - ct * 0.5
+
+    @sgm.custom_gradient
+    def rows(x):
+        return x.sum(0), lambda ct: ct.expand(x.shape) * 2.0
+
+    @sgm.custom_gradient
+    def matrix(x):
+        return x @ w, lambda ct: ct @ w.T
+
+    @sgm.custom_gradient
+    def two(x, u):
+        return (x * u, x - u), lambda cts: (cts[0] * u + cts[1], cts[0] * x - cts[1])
+
+    return {"activation": (activation, 1), "mixed": (mixed, 1), "rows": (rows, 1), "matrix": (matrix, 1),
+            "two": (two, 2)}
+
+
+def _spied(monkeypatch):
+    """Records whether each call of ``dual_of_map`` gave the duals."""
+    from stopgrad_math.torch import eager_fast_path
+
+    taken, real = [], eager_fast_path.dual_of_map
+
+    def spy(*args):
+        result = real(*args)
+        taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(eager_fast_path, "dual_of_map", spy)
+    return taken
+
+
+def _primals_and_tangents(fn, xs, tangents):
+    with forward_ad.dual_level():
+        out = fn(*[forward_ad.make_dual(x, t) for x, t in zip(xs, tangents, strict=True)])
+        return [tuple(forward_ad.unpack_dual(o)) for o in (out if isinstance(out, tuple) else (out,))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["activation", "mixed", "rows", "matrix", "two"])
+def test_the_decorators_forward_mode_is_its_ordinary_ops_bit_for_bit_over_the_grid(case, dtype, monkeypatch):
+    """x finite, tangents anything: the fast path (taken) against the ordinary ops (the path refused), value and
+    tangent, and the analytic derivative where the tangent is finite."""
+    from stopgrad_math.torch import eager_fast_path
+
+    fn, count = _decorated_cases(dtype)[case]
+    x, tangent = (t.reshape(-1, 3).contiguous()
+                  for t in torch.meshgrid(corners(dtype, True), corners(dtype, False), indexing="ij"))
+    xs = [x, x.flip(0).contiguous()][:count]
+    tangents = [tangent, tangent.flip(1).contiguous()][:count]
+    taken = _spied(monkeypatch)
+    fast = _primals_and_tangents(fn, xs, tangents)
+    assert taken and all(taken)
+    monkeypatch.setattr(eager_fast_path, "dual_of_map", lambda *args: None)
+    for (got_value, got_tangent), (want_value, want_tangent) in zip(
+            fast, _primals_and_tangents(fn, xs, tangents), strict=True):
+        same_bits(got_value, want_value)
+        same_bits(got_tangent, want_tangent)
+    if case == "activation":
+        finite = tangent.isfinite()
+        torch.testing.assert_close(fast[0][1][finite], (torch.sigmoid(x) * tangent)[finite])
+
+
+def test_the_decorators_forward_fast_path_is_taken_only_where_it_is_the_ordinary_ops(monkeypatch):
+    """Refused (and the ordinary ops' derivative given): a non-finite x, an infinite J (J·v NaN), y moving through
+    a keyword argument, reverse and forward mode at once, an op outside the table, order 2, torch.func,
+    bfloat16."""
+    taken = _spied(monkeypatch)
+    w = torch.tensor([1.0, math.inf, 2.0])
+
+    @sgm.custom_gradient
+    def scaled(x, *, shift=None):
+        return x * 2.0 + (0.0 if shift is None else shift), lambda ct: ct * 2.0
+
+    @sgm.custom_gradient
+    def by_w(x):
+        return x * w, lambda ct: ct * w
+
+    @sgm.custom_gradient
+    def running(x):
+        return torch.cumsum(x, 0), lambda ct: ct.flip(0).cumsum(0).flip(0)
+
+    scaled_2 = sgm.custom_gradient(lambda x: (x * 2.0, lambda ct: ct * 2.0), order=2)
+    x, ones = torch.tensor([1.0, 2.0, 3.0]), torch.ones(3)
+
+    def tangent_of(fn, x=x, **kwargs):
+        taken.clear()
+        with forward_ad.dual_level():
+            out = fn(forward_ad.make_dual(x, ones), **kwargs)
+            return forward_ad.unpack_dual(out).tangent, taken[-1] if taken else None
+
+    got, fast = tangent_of(scaled)
+    assert fast and got.tolist() == [2.0, 2.0, 2.0]
+    got, fast = tangent_of(scaled, x=torch.tensor([1.0, math.inf, 3.0]))
+    assert not fast and got.tolist() == [2.0, 0.0, 2.0]  # an inf x: no derivative
+    got, fast = tangent_of(by_w)
+    assert not fast and got[0] == 1.0 and math.isnan(got[1]) and got[2] == 2.0  # J infinite: the carrier's NaN
+    with forward_ad.dual_level():
+        shift = forward_ad.make_dual(torch.zeros(3), torch.full((3,), 5.0))
+        taken.clear()
+        out = scaled(forward_ad.make_dual(x, ones), shift=shift)
+        assert taken == [False] and forward_ad.unpack_dual(out).tangent.tolist() == [7.0, 7.0, 7.0]
+    with forward_ad.dual_level():
+        leaf = x.clone().requires_grad_(True)
+        taken.clear()
+        scaled(forward_ad.make_dual(leaf, ones))
+        assert taken == [False]
+    got, fast = tangent_of(running)
+    assert fast is None and got.tolist() == [1.0, 2.0, 3.0]
+    got, fast = tangent_of(scaled_2)
+    assert fast is None and got.tolist() == [2.0, 2.0, 2.0]
+    taken.clear()
+    assert torch.func.jvp(scaled, (x,), (ones,))[1].tolist() == [2.0, 2.0, 2.0] and not any(taken)
+    got, fast = tangent_of(scaled, x=x.bfloat16())
+    assert not fast and got.tolist() == [2.0, 2.0, 2.0]

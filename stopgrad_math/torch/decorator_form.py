@@ -55,7 +55,7 @@ from stopgrad_math.shared import bounded_cache, closure_key, linearity, nesting,
 from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.shared.linearity import Judged
-from stopgrad_math.torch import identity, linear_ops, second_derivative_guard, vjp_closure
+from stopgrad_math.torch import eager_fast_path, identity, linear_ops, second_derivative_guard, vjp_closure
 from stopgrad_math.torch.vjp_conventions import Leaves, argument_cotangents, stand_in, structure_key
 
 # ---------------------------------------------------------------- the VJP, traced and proven linear
@@ -202,6 +202,7 @@ class _Proof:
     kept: list[int]
     vjp_map: torch.fx.GraphModule | None  # None where nothing is kept
     transposed: torch.fx.GraphModule | None
+    maps_tangents: bool = False  # forward mode differentiates the transpose by applying it to the tangents
 
 
 PROOFS_KEPT = 256
@@ -234,10 +235,20 @@ def _known(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[to
     def linear(*cts: torch.Tensor) -> list[torch.Tensor]:  # (forward: a Module's call adds its hooks' checks)
         return list(vjp_map.forward(*cts, *constants))
 
-    def transpose(*vs: torch.Tensor) -> list[torch.Tensor]:  # v as the stand-ins it was traced on: contiguous
-        return list(transposed.forward(*[v.contiguous() for v in vs], *constants))
+    return list(proof.kept), linear, tensors, _Transpose(transposed, constants, proof.maps_tangents)
 
-    return list(proof.kept), linear, tensors, transpose
+
+@dataclasses.dataclass(frozen=True)
+class _Transpose:
+    """A proof's J·v, run on v with the tensors the VJP closes over; ``maps_tangents``: forward mode differentiates
+    it by applying it to the tangents (``eager_fast_path.maps_tangents``)."""
+
+    graph: torch.fx.GraphModule
+    constants: list[torch.Tensor]
+    maps_tangents: bool
+
+    def __call__(self, *vs: torch.Tensor) -> list[torch.Tensor]:  # v as the stand-ins it was traced on: contiguous
+        return list(self.graph.forward(*[v.contiguous() for v in vs], *self.constants))
 
 
 def _proof(cotangents: _Cotangents, opened: closure_key.Opened, examples: list[torch.Tensor]) -> Any:
@@ -258,7 +269,7 @@ def _proof(cotangents: _Cotangents, opened: closure_key.Opened, examples: list[t
                                  device=leaves.values[k].device) for k in kept]
     vjp_map, transposed = _maps(traced, [cotangents.found.index(k) for k in kept], kept_examples, stand_ins,
                                 len(examples), [])
-    return _Proof(kept, vjp_map, transposed)
+    return _Proof(kept, vjp_map, transposed, eager_fast_path.maps_tangents(transposed, len(kept)))
 
 
 def _signature(cotangents: _Cotangents, opened: closure_key.Opened, order: int) -> Hashable | None:
@@ -601,6 +612,11 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], examples:
         terms = [identity.zero_term(Layout.SCALAR, value, x, g if order == 2 else identity.stop(g))
                  for x, g in zip(xs, gradients, strict=True)]
         return outputs.with_values({index: identity.attach(value, [t.reshape(value.shape) for t in terms])})
+    if order == 1 and isinstance(transposed, _Transpose) and transposed.maps_tangents:  # J held constant
+        ys = [outputs.values[k] for k in outputs.differentiable]
+        duals = eager_fast_path.dual_of_map(ys, xs, transposed)
+        if duals is not None:
+            return outputs.with_values(dict(zip(outputs.differentiable, duals, strict=True)))
     zeros = [identity.zero_with_slope(x, slope_is_negative=True, multiplied=True) for x in xs]
     products = transposed(*zeros) if transposed is not None else torch.func.vjp(linear, *examples)[1](zeros)
     # the carrier serves forward mode, and links each output to every x (as a Function's node does): where there
