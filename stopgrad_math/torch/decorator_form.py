@@ -612,7 +612,9 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], examples:
         terms = [identity.zero_term(Layout.SCALAR, value, x, g if order == 2 else identity.stop(g))
                  for x, g in zip(xs, gradients, strict=True)]
         return outputs.with_values({index: identity.attach(value, [t.reshape(value.shape) for t in terms])})
-    if order == 1 and isinstance(transposed, _Transpose) and transposed.maps_tangents:  # J held constant
+    # J held constant (order 1), eagerly (Dynamo before torch 2.8 cannot ask isinstance of its own function)
+    if order == 1 and not torch.compiler.is_compiling() and isinstance(transposed, _Transpose) \
+            and transposed.maps_tangents:
         ys = [outputs.values[k] for k in outputs.differentiable]
         duals = eager_fast_path.dual_of_map(ys, xs, transposed)
         if duals is not None:
