@@ -285,6 +285,19 @@ def test_a_gx_of_no_layout_is_a_value_error_naming_the_shapes():
         sgm.custom_gradient(torch.ones(2), torch.ones(4), torch.ones(3))
 
 
+@pytest.mark.parametrize("shape", [(3,), (1,), (0,), (2, 3), (1, 1), (4, 1, 2), ()], ids=str)
+def test_one_shape_for_fx_x_and_gx_takes_the_layout_the_table_gives(shape):
+    """The shortcut past the layout table (one known shape of rank 1 or more: elementwise) against the table, and
+    not taken for a 0-d shape, where the table gives the Jacobian."""
+    from stopgrad_math.shared import layouts
+    from stopgrad_math.torch import identity_form
+
+    x = torch.ones(shape, requires_grad=True)
+    layout, _, _ = identity_form._checked(torch.zeros(shape), "x", torch.ones(shape), x)
+    assert layout is layouts.candidates("x", shape, shape, shape).layouts[0]
+    assert identity_form._one_static_shape(torch.zeros(shape), x, torch.ones(shape)) == (shape != ())
+
+
 def test_gx_of_another_structure_is_a_value_error():
     with pytest.raises(ValueError, match="gx must have the structure of x"):
         sgm.custom_gradient(torch.ones(2), {"a": torch.ones(2)}, {"b": torch.ones(2)})

@@ -15,6 +15,8 @@ from stopgrad_math.torch import decorator_form, eager_fast_path, identity
 
 def _leaves(gx: Any, x: Any) -> list[tuple[str, Any, Any]]:
     """(label, gx leaf, x leaf) for each leaf of x, gx having x's structure (a None leaf: no gradient)."""
+    if isinstance(x, torch.Tensor) and (gx is None or isinstance(gx, torch.Tensor)):  # one leaf: no walk
+        return [("x", gx, x)]  # (torch.compile's trace of a walk with paths costs about 25 ms a call)
     labelled, structure = pytree.tree_flatten_with_path(gx)  # None is a leaf to torch's pytrees
     x_leaves, x_structure = pytree.tree_flatten(x)
     if x_structure != structure:
@@ -29,9 +31,20 @@ def _checked(fx: torch.Tensor, label: str, g: Any, x: Any) -> tuple[Layout, torc
     if not fx.is_complex() and (g.is_complex() or x.is_complex()):
         raise TypeError(f"The gradient for {label} or {label} is complex ({g.dtype}, {x.dtype}) for a real fx "
                         f"({fx.dtype}): a real function has no complex derivative.")
-    choice = layouts.candidates(label, tuple(fx.shape), tuple(x.shape), tuple(g.shape),
-                                cached=not torch.compiler.is_compiling())
-    return choice.layouts[0], g if g.dtype == fx.dtype else g.to(fx.dtype), x
+    if _one_static_shape(fx, x, g):
+        layout = Layout.ELEMENTWISE
+    else:
+        layout = layouts.candidates(label, tuple(fx.shape), tuple(x.shape), tuple(g.shape),
+                                    cached=not torch.compiler.is_compiling()).layouts[0]
+    return layout, g if g.dtype == fx.dtype else g.to(fx.dtype), x
+
+
+def _one_static_shape(fx: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether fx, x and gx have one known shape of rank 1 or more, where only the elementwise layout fits (the
+    Jacobian's shape has twice the rank): chosen so without the layout table, whose Python torch.compile would
+    trace at every call."""
+    shape = fx.shape
+    return len(shape) > 0 and x.shape == shape and g.shape == shape and all(type(n) is int for n in shape)
 
 
 def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manually_stopped: bool = False,
