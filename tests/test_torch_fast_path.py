@@ -533,3 +533,25 @@ def test_the_decorators_forward_fast_path_is_taken_only_where_it_is_the_ordinary
     assert torch.func.jvp(scaled, (x,), (ones,))[1].tolist() == [2.0, 2.0, 2.0] and not any(taken)
     got, fast = tangent_of(scaled, x=x.bfloat16())
     assert not fast and got.tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("case", ["activation", "matrix"])
+def test_the_decorators_forward_mode_under_autocast_is_its_ordinary_ops(case, monkeypatch):
+    """Under autocast the path gives the ordinary ops' bits: taken for the activation (float32 throughout), not for
+    the matrix product, whose J·v autocast traces with casts (not in the table)."""
+    from stopgrad_math.torch import eager_fast_path
+
+    fn, _ = _decorated_cases(torch.float32)[case]
+    x, tangent = (t.reshape(-1, 3).contiguous()
+                  for t in torch.meshgrid(corners(torch.float32, True), corners(torch.float32, False), indexing="ij"))
+    taken = _spied(monkeypatch)
+    results = []
+    for path in ("fast", "ordinary"):
+        if path == "ordinary":
+            monkeypatch.setattr(eager_fast_path, "dual_of_map", lambda *args: None)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append(_primals_and_tangents(fn, [x], [tangent]))
+    assert any(taken) == (case == "activation")
+    for (got_value, got_tangent), (want_value, want_tangent) in zip(*results, strict=True):
+        same_bits(got_value, want_value)
+        same_bits(got_tangent, want_tangent)
