@@ -169,8 +169,8 @@ def maps_tangents(graph: torch.fx.GraphModule, live: int) -> bool:
 
 
 def _forward_mode_alone(x: torch.Tensor) -> bool:
-    """x has a tangent at the one forward-mode level, and nothing may differentiate this call in reverse mode."""
-    if forward_ad._current_level != 0 or (torch.is_grad_enabled() and x.requires_grad):
+    """x has a tangent at the forward-mode level, and nothing may differentiate this call in reverse mode."""
+    if torch.is_grad_enabled() and x.requires_grad:
         return False
     tangent = forward_ad.unpack_dual(x).tangent  # type: ignore[no-untyped-call]
     return tangent is not None and not (torch.is_grad_enabled() and tangent.requires_grad)
@@ -186,8 +186,10 @@ def dual_of_map(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
                 transposed: Callable[..., list[torch.Tensor]]) -> list[torch.Tensor] | None:
     """The decorator's outputs ``ys`` with the derivative J w.r.t. ``xs`` in forward mode alone (``transposed``:
     J·v, a graph for which ``maps_tangents`` holds), as its ordinary ops give them; None where they must run."""
-    if not (identity.plainly_eager() and all(_plain(x, x) and x.dtype in _DTYPES and _forward_mode_alone(x)
-                                             for x in xs) and all(_stands_alone(y) for y in ys)):
+    if forward_ad._current_level != 0 or not identity.plainly_eager():  # first: a reverse-mode call pays one read
+        return None
+    if not (all(_plain(x, x) and x.dtype in _DTYPES and _forward_mode_alone(x) for x in xs)
+            and all(_stands_alone(y) for y in ys)):
         return None
     if not identity.all_finite(*xs):
         return None
