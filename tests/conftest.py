@@ -4,15 +4,48 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import pytest
-import tensorflow as tf
-from helpers import MODES
-from hypothesis import HealthCheck, settings
+import importlib.abc
+import importlib.util
+import sys
 
-# MirroredStrategy tests need two devices; logical devices can only be set up
-# before TensorFlow initialises its runtime, so this happens at import.
-_cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import pytest
+from hypothesis import HealthCheck, settings
+from mode_names import MODES
+
+
+def _two_logical_cpus(tf) -> None:
+    """MirroredStrategy tests need two devices; logical devices can only be set up before TensorFlow initialises
+    its runtime, so this happens as TensorFlow is imported."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+
+class _OnTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Sets up the logical CPUs when a test first imports TensorFlow, rather than here: a process that runs only
+    PyTorch or JAX tests (a mutant's run, most of which is imports) does not pay TensorFlow's import."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run_package = spec.loader.exec_module
+
+        def run_and_set_up(module) -> None:
+            run_package(module)
+            _two_logical_cpus(module)
+
+        spec.loader.exec_module = run_and_set_up
+        return spec
+
+
+if "tensorflow" in sys.modules:
+    _two_logical_cpus(sys.modules["tensorflow"])
+else:
+    sys.meta_path.insert(0, _OnTensorFlowImport())
+
 
 settings.register_profile(
     "project",

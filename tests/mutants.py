@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import tensorflow as tf
-
 
 @dataclasses.dataclass(frozen=True)
 class Mutant:
@@ -44,6 +42,8 @@ def _raw_kernel_error(original):
     def raw(*args, **kwargs):
         if len(args) != 3:  # the decorator form stays as it is
             return original(*args, **kwargs)
+        import tensorflow as tf
+
         return tf.zeros([2]) + tf.zeros([3])  # TensorFlow's own Incompatible shapes, not the library's error
     return raw
 
@@ -56,6 +56,8 @@ def _gradient_times_1_005(original):
 
 def _drops_the_sign_of_negative_zero(original):
     def plus_zero(*args, **kwargs):
+        import tensorflow as tf
+
         result = original(*args, **kwargs)
         return result + tf.zeros([], result.dtype) if len(args) == 3 else result  # −0.0 + 0.0 is +0.0
     return plus_zero
@@ -64,6 +66,8 @@ def _drops_the_sign_of_negative_zero(original):
 def _plain_autodiff(original):
     def autodiff(*args, **kwargs):
         if len(args) == 3:
+            import tensorflow as tf
+
             return tf.convert_to_tensor(args[0])  # fx itself: its own autodiff gradient, gx dropped
         if len(args) == 1 and callable(args[0]) and not kwargs:
             f = args[0]
