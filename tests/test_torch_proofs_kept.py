@@ -5,6 +5,7 @@ bounded. Every gradient is checked against its closed form, never against the li
 import gc
 import linecache
 import threading
+import types
 import weakref
 
 import numpy as np
@@ -262,4 +263,27 @@ def test_a_reassigned_class_attribute_makes_a_new_proof_and_a_dtype_in_the_closu
             torch.testing.assert_close(_gradient(f, X), scale * torch.cos(X), rtol=0, atol=0)
     finally:
         Config.scale = 2.0
+    assert traces[0] == 2
+
+
+self_holding = types.ModuleType("self_holding")  # holds itself, as torch.torch is torch
+self_holding.factor = 2.0
+self_holding.self_holding = self_holding
+
+
+def test_a_module_attribute_that_is_the_module_is_keyed_and_its_reassignment_makes_a_new_proof(traces):
+    """The key takes a module's attribute that is the module itself as such (its attributes are in the key
+    already); reassigning that attribute to another module is another key."""
+    @sgm.custom_gradient
+    def f(x):
+        return torch.sin(x), lambda ct: ct * torch.cos(x) * self_holding.self_holding.factor
+
+    other = types.ModuleType("other")
+    other.factor = 5.0
+    try:
+        for holder, scale in ((self_holding, 2.0), (other, 5.0), (other, 5.0), (self_holding, 2.0)):
+            self_holding.self_holding = holder
+            torch.testing.assert_close(_gradient(f, X), scale * torch.cos(X), rtol=0, atol=0)
+    finally:
+        self_holding.self_holding = self_holding
     assert traces[0] == 2

@@ -46,6 +46,8 @@ _BY_VALUE = (type(None), bool, int, float, complex, str, bytes)
 _BY_IDENTITY = (types.ModuleType, type, types.BuiltinFunctionType)
 _STORES = frozenset({"STORE_DEREF", "DELETE_DEREF", "STORE_GLOBAL", "DELETE_GLOBAL"})
 DEPTH = 2  # how many levels of functions in a closure, or read from globals, are opened
+_ABSENT = object()
+_ITSELF = "the module itself"
 
 Rebuild = Callable[[list[Any]], Any]
 
@@ -87,17 +89,17 @@ def opened(vjp: Callable[..., Any], arrays: Arrays) -> Opened | None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _code_facts(code: types.CodeType) -> tuple[frozenset[str], bool]:
-    """The names the code (with the code nested in it) may read as globals, and whether it assigns to a global or
-    to its closure (a ``nonlocal`` of a name it closes over; assigning the cells it makes for the functions it
-    defines, as f does for its VJP, is its own business)."""
+def _code_facts(code: types.CodeType) -> tuple[tuple[str, ...], bool]:
+    """The names the code (with the code nested in it) may read as globals, sorted (the order of a key), and
+    whether it assigns to a global or to its closure (a ``nonlocal`` of a name it closes over; assigning the cells
+    it makes for the functions it defines, as f does for its VJP, is its own business)."""
     names, stores_global, stored_free = _facts(code)
-    return names, stores_global or bool(stored_free)
+    return tuple(sorted(names)), stores_global or bool(stored_free)
 
 
 def names_read(code: types.CodeType) -> frozenset[str]:
     """The names the code (with the code nested in it) may read as globals or as attributes."""
-    return _code_facts(code)[0]
+    return frozenset(_code_facts(code)[0])
 
 
 def _facts(code: types.CodeType) -> tuple[frozenset[str], bool, frozenset[str]]:
@@ -151,7 +153,7 @@ class _Opening:
 
         return key, rebuild
 
-    def value(self, value: Any, depth: int, names: frozenset[str]) -> tuple[Hashable, Rebuild]:
+    def value(self, value: Any, depth: int, names: tuple[str, ...]) -> tuple[Hashable, Rebuild]:
         """A value in the closure or the defaults; ``names``: those the code may read as attributes."""
         if self.arrays.is_array(value):  # first: a framework may pass a number in as an operand
             index = len(self.found)
@@ -169,7 +171,7 @@ class _Opening:
             return ("function", key), build
         raise _Refused
 
-    def global_key(self, value: Any, depth: int, names: frozenset[str]) -> Hashable:
+    def global_key(self, value: Any, depth: int, names: tuple[str, ...]) -> Hashable:
         """A global the VJP reads, which the trace takes as it is: by value, by identity where it cannot change, a
         module with the attributes of it that the code may read (``names``), or a function by its code, closure
         and globals in turn."""
@@ -185,7 +187,7 @@ class _Opening:
             return self.function_key(value, depth - 1)
         raise _Refused
 
-    def attribute_key(self, value: Any, depth: int, names: frozenset[str]) -> Hashable:
+    def attribute_key(self, value: Any, depth: int, names: tuple[str, ...]) -> Hashable:
         """A module's or a class's attribute the code may read (``jnp.exp``, ``torch.nn``, ``Config.scale``):
         reassigning it makes another key. A module or class is followed ``depth`` levels; a mutable array or
         container is refused; anything else is taken by value or by identity."""
@@ -198,10 +200,15 @@ class _Opening:
             raise _Refused  # changed in place, it would not change the key
         return same(value)
 
-    def attributes(self, module: types.ModuleType | type, depth: int, names: frozenset[str]) -> Hashable:
-        """The module's or class's attributes of the names the code reads, each by ``attribute_key``."""
-        return tuple((name, self.attribute_key(getattr(module, name), depth, names))
-                     for name in sorted(names) if hasattr(module, name))
+    def attributes(self, module: types.ModuleType | type, depth: int, names: tuple[str, ...]) -> Hashable:
+        """The module's or class's attributes of the names the code reads, each by ``attribute_key``; one that is
+        the module itself (``torch.torch``) as such, as its attributes are the module's, in the key already."""
+        keys = []
+        for name in names:
+            value = getattr(module, name, _ABSENT)
+            if value is not _ABSENT:
+                keys.append((name, _ITSELF if value is module else self.attribute_key(value, depth, names)))
+        return tuple(keys)
 
     def function_key(self, fn: types.FunctionType, depth: int) -> Hashable:
         names, stores = _code_facts(fn.__code__)
@@ -211,12 +218,12 @@ class _Opening:
         defaults = tuple(self.global_key(v, depth, names) for v in fn.__defaults__ or ())
         return fn.__code__, cells, defaults, self.globals_key(fn, names, depth)
 
-    def globals_key(self, fn: types.FunctionType, names: frozenset[str], depth: int) -> Hashable:
+    def globals_key(self, fn: types.FunctionType, names: tuple[str, ...], depth: int) -> Hashable:
         """The globals of ``fn`` that its code may read; a name it does not define (a builtin, an attribute's
         name) as absent, so that defining it later makes another key."""
         namespace = fn.__globals__
         return tuple((name, self.global_key(namespace[name], depth, names)) if name in namespace else (name,)
-                     for name in sorted(names))
+                     for name in names)
 
 
 def _contents(cell: Any) -> Any:

@@ -69,6 +69,10 @@ class _Cotangents:
         self.f, self.names, self.leaves, self.outputs, self.order = f, names, leaves, outputs, order
         self.found: list[int] = []
 
+    def examples(self) -> list[torch.Tensor]:
+        """Zeros of the cotangents of y's differentiable leaves: what a trace of the VJP or a pullback is given."""
+        return _zeros_like(self.outputs.tensors())
+
     def described(self) -> Callable[[], _Cotangents]:
         """A maker of the same reading with each tensor leaf a plain stand-in of its shape and dtype: what a
         trace outside a torch.func transform may touch (a wrapper of the transform, there, may not be)."""
@@ -92,13 +96,14 @@ class _Cotangents:
         return cotangents
 
 
-def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor]) -> linear_ops.Traced:
+def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any]) -> linear_ops.Traced:
     """The VJP as an ATen graph, traced as PyTorch runs a backward (``linear_ops.trace``). Outside torch.func it
     is traced as it is, on fake cotangents and the real tensors it closes over, which it may read; under a
     transform those are the transform's wrappers, so they are lifted out (the graph's first constants) and it
     is traced outside the transform on fake stand-ins of their shapes (a VJP that reads a tensor's value in
     Python then raises)."""
     name = name_of(cotangents.f)
+    examples = cotangents.examples()
     if not second_derivative_guard.in_transform():
         try:
             return linear_ops.trace(cotangents.of(vjp), *examples)
@@ -173,7 +178,7 @@ def _proven_states(cotangents: _Cotangents, states: list[Judged]) -> list[int]:
                               "stopgrad_math.torch.linear_ops")]
 
 
-def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor],
+def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any],
             order: int) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None]:
     """The argument leaves whose cotangent is linear (``_proven_states`` of the VJP traced as ``_traced`` does);
     the map from the cotangents of y to theirs: the traced graph, with what the VJP closes over stopped (order 1)
@@ -181,10 +186,10 @@ def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[t
     pullback of torch.func.vjp of the map). Eagerly, outside torch.func and any trace, the proof of a known
     signature (``_known``)."""
     if not second_derivative_guard.in_transform() and not torch._C._len_torch_dispatch_stack():
-        known = _known(cotangents, vjp, examples, order)
+        known = _known(cotangents, vjp, order)
         if known is not None:
             return known
-    traced = _traced(cotangents, vjp, examples)
+    traced = _traced(cotangents, vjp)
     kept = _proven_states(cotangents, traced.states())
     constants = traced.constants if order == 2 else [identity.stop(c) for c in traced.constants]
     return kept, traced.linear(constants, [cotangents.found.index(k) for k in kept]), traced.constants, None
@@ -210,7 +215,7 @@ _PROOFS: bounded_cache.BoundedCache[Any] = bounded_cache.BoundedCache(PROOFS_KEP
 _TRACED_AT_EVERY_CALL = object()  # a signature whose VJP reads a value, or closes over a tensor it made itself
 
 
-def _known(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[torch.Tensor],
+def _known(cotangents: _Cotangents, vjp: Callable[[Any], Any],
            order: int) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None] | None:
     """``_proven`` from the proof made at the first call of the VJP's signature (``_signature``): the VJP's code,
     the values in its closure other than tensors, the globals it reads, each tensor's ``tensor_key``, the
@@ -223,7 +228,7 @@ def _known(cotangents: _Cotangents, vjp: Callable[[Any], Any], examples: list[to
         return None
     proof = _PROOFS.get(signature)
     if proof is None:
-        proof = _PROOFS.put(signature, _proof(cotangents, opened, examples))
+        proof = _PROOFS.put(signature, _proof(cotangents, opened))
     if proof is _TRACED_AT_EVERY_CALL:
         return None
     tensors = opened.arrays
@@ -251,9 +256,10 @@ class _Transpose:
         return list(self.graph.forward(*[v.contiguous() for v in vs], *self.constants))
 
 
-def _proof(cotangents: _Cotangents, opened: closure_key.Opened, examples: list[torch.Tensor]) -> Any:
+def _proof(cotangents: _Cotangents, opened: closure_key.Opened) -> Any:
     """The ``_Proof`` of the VJP opened; ``_TRACED_AT_EVERY_CALL`` where a trace by shapes fails, proves nothing
     or keeps a tensor."""
+    examples = cotangents.examples()
     stand_ins = [*(stand_in(e)() for e in examples), *(vjp_closure.strided_stand_in(t) for t in opened.arrays)]
     try:
         traced = _traced_by_shapes(cotangents, cotangents.described(), opened.rebuild, stand_ins, len(examples))
@@ -580,6 +586,10 @@ def _run_compiled(key: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 # ---------------------------------------------------------------- the embedding
 
 
+def _zeros_like(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
+
+
 def _one_element(outputs: Leaves, xs: list[torch.Tensor]) -> bool:
     """Whether J is vjp(1): one differentiable output of one element, complex exactly where the arguments are."""
     if len(outputs.differentiable) != 1:
@@ -600,7 +610,7 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], or
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp
 
 
-def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], examples: list[torch.Tensor], order: int,
+def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: int,
               transposed: Linear | None = None) -> Any:
     """y with each differentiable output's zero term attached; ``linear``: the proven VJP, from the cotangents of
     y's differentiable leaves to those of ``xs``; ``transposed``: its transpose J·v where it is at hand (else the
@@ -620,7 +630,8 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], examples:
         if duals is not None:
             return outputs.with_values(dict(zip(outputs.differentiable, duals, strict=True)))
     zeros = [identity.zero_with_slope(x, slope_is_negative=True, multiplied=True) for x in xs]
-    products = transposed(*zeros) if transposed is not None else torch.func.vjp(linear, *examples)[1](zeros)
+    products = transposed(*zeros) if transposed is not None else \
+        torch.func.vjp(linear, *_zeros_like(outputs.tensors()))[1](zeros)
     # the carrier serves forward mode, and links each output to every x (as a Function's node does): where there
     # is one of each, a proven J·v links them already, and reverse mode alone can leave it out
     carried = _forward_mode_possible() or len(zeros) > 1 or len(products) > 1
@@ -662,7 +673,6 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     if not outputs.differentiable:
         return y
     cotangents = _Cotangents(f, names, leaves, outputs, order)
-    examples = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in outputs.tensors()]
     compiling = torch.compiler.is_compiling()
     closed_over: list[torch.Tensor] = []
     transposed = None
@@ -670,7 +680,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         kept, registered, transposed = _proven_while_compiling(f, leaves, kwargs, outputs, names, order)
         linear = cotangents.of(vjp, kept) if registered is None else registered
     else:
-        kept, linear, closed_over, transposed = _proven(cotangents, vjp, examples, order)
+        kept, linear, closed_over, transposed = _proven(cotangents, vjp, order)
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True, multiplied=True).real.sum() * 0.0
@@ -680,7 +690,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         second_derivative_guard.check([*xs, *closed_over], order, name)
         if order == 1:
             xs = [second_derivative_guard.hooked(x, closed_over, name) for x in xs]
-    return _attached(linear, outputs, xs, examples, order, transposed)
+    return _attached(linear, outputs, xs, order, transposed)
 
 
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
