@@ -266,6 +266,36 @@ def _every_graph_maps_tangents(original):
     return lambda graph, live: True
 
 
+def _last_product_for_the_map(original):
+    """The PyTorch decorator's reverse fast path taken where J·v is not one product: its last product by a number
+    taken for the whole map."""
+    import torch
+
+    def product_factor(graph, live):
+        found = original(graph, live)
+        products = [n for n in graph.graph.nodes if n.target is torch.ops.aten.mul.Tensor and type(n.args[1]) is float]
+        if found is not None or live != 1 or not products:
+            return found
+        made = torch.fx.Graph()
+        made.graph_copy(graph.graph, {})
+        made.output(products[-1].args[1])
+        return torch.fx.GraphModule(graph, made)
+    return product_factor
+
+
+def _unguarded_products(original):
+    """The PyTorch decorator's reverse fast path without the guard: a second derivative through x under
+    create_graph, or forward mode over its backward, silently misses J's own derivative."""
+    import torch
+
+    class Unguarded(original):
+        @staticmethod
+        def backward(ctx, cotangent):
+            c = ctx.saved_tensors[0] if ctx.number is None else ctx.number
+            return cotangent, torch.mul(cotangent.neg(), c).neg(), None, None, None
+    return Unguarded
+
+
 def _always_finite(original):
     """The PyTorch identity's eager shortcut taken for every tensor: its selects left out where x or J·v is inf
     or NaN."""
@@ -346,6 +376,12 @@ MUTANTS = {
     "the PyTorch decorator's forward fast path takes any graph for one applied to tangents": Mutant(
         "stopgrad_math.torch.eager_fast_path", "maps_tangents", _every_graph_maps_tangents,
         (f"{_FAST}::test_maps_tangents_reads_each_ops_row_and_where_it_is_live",)),
+    "the PyTorch decorator's reverse fast path takes a sum of products for one": Mutant(
+        "stopgrad_math.torch.eager_fast_path", "product_factor", _last_product_for_the_map,
+        (f"{_FAST}::test_the_decorators_reverse_mode_is_its_ordinary_ops_bit_for_bit_over_the_grid",)),
+    "the PyTorch decorator's reverse fast path drops the guard": Mutant(
+        "stopgrad_math.torch.eager_fast_path", "_ProductOfMap", _unguarded_products,
+        (f"{_FAST}::test_the_decorators_reverse_fast_path_guards_second_derivatives_as_the_ordinary_ops",)),
     "the PyTorch identity leaves out its selects for a non-finite x": Mutant(
         "stopgrad_math.torch.identity", "_eagerly_finite", _always_finite,
         (f"{_TORCH}::test_an_inf_or_nan_x_has_no_derivative_whatever_the_cotangent_or_tangent_holds",

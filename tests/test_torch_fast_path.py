@@ -555,3 +555,188 @@ def test_the_decorators_forward_mode_under_autocast_is_its_ordinary_ops(case, mo
     for (got_value, got_tangent), (want_value, want_tangent) in zip(*results, strict=True):
         same_bits(got_value, want_value)
         same_bits(got_tangent, want_tangent)
+
+
+# ---------------------------------------------------------------- the decorator's reverse mode
+
+
+def _product_cases(dtype, w):
+    """Decorated functions whose proven J·v is v times a tensor of the constants (an activation, a weight closed
+    over, on either side of the product) or a number (one a float16 cannot hold), and one whose is not (a
+    difference of two products)."""
+    @sgm.custom_gradient
+    def activation(x):
+        return torch.logaddexp(x, torch.zeros((), dtype=dtype)), lambda ct: ct * torch.sigmoid(x)
+
+    @sgm.custom_gradient
+    def weighted(x):
+        return x * w, lambda ct: ct * w
+
+    @sgm.custom_gradient
+    def weighted_first(x):
+        return w * x, lambda ct: w * ct
+
+    @sgm.custom_gradient
+    def tenth(x):
+        return x * 0.1, lambda ct: ct * 0.1
+
+    @sgm.custom_gradient
+    def mixed(x):
+        return x / 3, lambda ct: ct / 3.0 - ct * 0.5
+
+    return {"activation": activation, "weighted": weighted, "weighted_first": weighted_first, "tenth": tenth,
+            "mixed": mixed}
+
+
+def _spied_products(monkeypatch):
+    """Records whether each call of ``product_of_map`` gave the result."""
+    from stopgrad_math.torch import eager_fast_path
+
+    taken, real = [], eager_fast_path.product_of_map
+
+    def spy(*args):
+        result = real(*args)
+        taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(eager_fast_path, "product_of_map", spy)
+    return taken
+
+
+def _ordinary_products(monkeypatch):
+    from stopgrad_math.torch import eager_fast_path
+
+    monkeypatch.setattr(eager_fast_path, "product_of_map", lambda *args: None)
+
+
+def _value_and_gradient(fn, x, cotangent, **kwargs):
+    x = x.clone().requires_grad_(True)
+    y = fn(x, **kwargs)
+    (gradient,) = torch.autograd.grad(y, x, cotangent)
+    return y.detach(), gradient
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["activation", "weighted", "weighted_first", "tenth", "mixed"])
+def test_the_decorators_reverse_mode_is_its_ordinary_ops_bit_for_bit_over_the_grid(case, dtype, monkeypatch):
+    """x and the weight finite, cotangents anything: the fast path (taken where J·v is a product) against the
+    ordinary ops (the path refused), value and gradient, and the analytic gradient where the cotangent is
+    finite."""
+    x, w, cotangent = (t.reshape(-1).contiguous() for t in torch.meshgrid(
+        corners(dtype, True), corners(dtype, True), corners(dtype, False), indexing="ij"))
+    fn = _product_cases(dtype, w)[case]
+    taken = _spied_products(monkeypatch)
+    fast = _value_and_gradient(fn, x, cotangent)
+    assert taken == ([] if case == "mixed" else [True])
+    _ordinary_products(monkeypatch)
+    ordinary = _value_and_gradient(fn, x, cotangent)
+    same_bits(fast[0], ordinary[0])
+    same_bits(fast[1], ordinary[1])
+    finite = cotangent.isfinite()
+    want = {"activation": cotangent * torch.sigmoid(x), "tenth": cotangent * 0.1,
+            "mixed": cotangent / 3.0 - cotangent * 0.5}.get(case, cotangent * w)
+    torch.testing.assert_close(fast[1][finite], want[finite])
+
+
+def test_the_decorators_reverse_fast_path_is_taken_only_where_it_is_the_ordinary_ops(monkeypatch):
+    """Refused (and the ordinary ops' gradient given): a non-finite x, an infinite J, a forward-mode level, order 2,
+    torch.func, a one-element y (the identity form's), a strided x, bfloat16, autocast. Taken where y also moves
+    through a keyword argument, whose cotangent passes as it is."""
+    taken = _spied_products(monkeypatch)
+    w = torch.tensor([1.0, math.inf, 2.0])
+
+    @sgm.custom_gradient
+    def scaled(x, *, shift=None):
+        return x * 2.0 + (0.0 if shift is None else shift), lambda ct: ct * 2.0
+
+    @sgm.custom_gradient
+    def by_w(x):
+        return x * w, lambda ct: ct * w
+
+    scaled_2 = sgm.custom_gradient(lambda x: (x * 2.0, lambda ct: ct * 2.0), order=2)
+    x = torch.tensor([1.0, 2.0, 3.0])
+
+    def gradient_of(fn, x=x, **kwargs):
+        taken.clear()
+        gradient = _value_and_gradient(fn, x, torch.ones_like(x), **kwargs)[1]
+        return gradient.tolist(), taken[-1] if taken else None
+
+    assert gradient_of(scaled) == ([2.0, 2.0, 2.0], True)
+    assert gradient_of(scaled, x=torch.tensor([1.0, math.inf, 3.0])) == ([2.0, 0.0, 2.0], False)  # inf x: none
+    got, fast = gradient_of(by_w)
+    assert not fast and got[0] == 1.0 and math.isnan(got[1]) and got[2] == 2.0  # J infinite: NaN, not zero
+    with forward_ad.dual_level():
+        assert gradient_of(scaled) == ([2.0, 2.0, 2.0], False)
+    assert gradient_of(scaled_2) == ([2.0, 2.0, 2.0], None)
+    taken.clear()
+    assert torch.func.grad(lambda x: scaled(x).sum())(x).tolist() == [2.0, 2.0, 2.0] and not taken
+    assert gradient_of(scaled, x=torch.tensor([4.0])) == ([2.0], None)
+    strided = torch.arange(6.0).reshape(2, 3).t()
+    assert gradient_of(scaled, x=strided)[1] is False
+    assert gradient_of(scaled, x=x.bfloat16()) == ([2.0, 2.0, 2.0], False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert gradient_of(scaled) == ([2.0, 2.0, 2.0], False)
+    shift = torch.zeros(3, requires_grad=True)
+    taken.clear()
+    y = scaled(x.clone().requires_grad_(True), shift=shift)
+    cotangent = torch.tensor([-0.0, math.nan, 5.0])
+    (shift_gradient,) = torch.autograd.grad(y, shift, cotangent)
+    assert taken == [True]
+    np.testing.assert_array_equal(bits(shift_gradient), bits(cotangent))
+
+
+def test_the_decorators_reverse_fast_path_guards_second_derivatives_as_the_ordinary_ops(monkeypatch):
+    """create_graph: a second derivative through the cotangent (a weight after f) is the ordinary ops' bit for bit
+    and the closed form's; one that reaches x raises naming order 2; a dual cotangent (forward mode over the
+    backward pass) raises."""
+    x, _, _ = grid(torch.float64)
+    a = torch.linspace(-2.0, 2.0, x.numel(), dtype=torch.float64)
+    fn = _product_cases(torch.float64, None)["activation"]
+    taken = _spied_products(monkeypatch)
+
+    def through_the_cotangent():
+        xr, ar = x.clone().requires_grad_(True), a.clone().requires_grad_(True)
+        (gradient,) = torch.autograd.grad((fn(xr) * ar).sum(), xr, create_graph=True)
+        (second,) = torch.autograd.grad((gradient * gradient).sum(), ar)
+        return gradient.detach(), second
+
+    fast = through_the_cotangent()
+    assert taken == [True]
+    torch.testing.assert_close(fast[1], 2 * a * torch.sigmoid(x) ** 2)
+    xr = x.clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(fn(xr).sum(), xr, create_graph=True)
+    with pytest.raises(LookupError, match=r"order=1.*custom_gradient\(order=2\)"):
+        torch.autograd.grad(gradient.sum(), xr)
+    y = fn(xr)
+    with forward_ad.dual_level(), pytest.raises(LookupError, match="order=2"):
+        torch.autograd.grad(y, xr, forward_ad.make_dual(torch.ones_like(x), torch.ones_like(x)))
+    _ordinary_products(monkeypatch)
+    ordinary = through_the_cotangent()
+    same_bits(fast[0], ordinary[0])
+    same_bits(fast[1], ordinary[1])
+
+
+@pytest.mark.parametrize("case", ["activation", "weighted"])
+def test_an_in_place_change_after_the_call_behaves_as_with_the_ordinary_ops(case, monkeypatch):
+    """The factor is saved as the ordinary ops' product saves it: a weight closed over and changed in place raises
+    in the backward pass on both paths; x changed in place changes neither gradient (sigmoid(x) was computed)."""
+    results = []
+    for path in ("fast", "ordinary"):
+        if path == "ordinary":
+            _ordinary_products(monkeypatch)
+        x = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
+        w = torch.tensor([3.0, -2.0, 0.5])
+        fn = _product_cases(torch.float32, w)[case]
+        y = fn(x)
+        if case == "weighted":
+            w.mul_(2.0)
+            with pytest.raises(RuntimeError, match="inplace"):
+                y.sum().backward()
+            continue
+        with torch.no_grad():
+            x.mul_(2.0)
+        y.sum().backward()
+        results.append(x.grad)
+    if results:
+        same_bits(*results)
+        torch.testing.assert_close(results[0], torch.sigmoid(torch.tensor([0.5, -1.0, 2.0])))

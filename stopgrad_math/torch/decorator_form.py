@@ -208,6 +208,7 @@ class _Proof:
     vjp_map: torch.fx.GraphModule | None  # None where nothing is kept
     transposed: torch.fx.GraphModule | None
     maps_tangents: bool = False  # forward mode differentiates the transpose by applying it to the tangents
+    factor: torch.fx.GraphModule | None = None  # the transpose is v times this graph's tensor
 
 
 PROOFS_KEPT = 256
@@ -240,17 +241,19 @@ def _known(cotangents: _Cotangents, vjp: Callable[[Any], Any],
     def linear(*cts: torch.Tensor) -> list[torch.Tensor]:  # (forward: a Module's call adds its hooks' checks)
         return list(vjp_map.forward(*cts, *constants))
 
-    return list(proof.kept), linear, tensors, _Transpose(transposed, constants, proof.maps_tangents)
+    return list(proof.kept), linear, tensors, _Transpose(transposed, constants, proof.maps_tangents, proof.factor)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Transpose:
     """A proof's J·v, run on v with the tensors the VJP closes over; ``maps_tangents``: forward mode differentiates
-    it by applying it to the tangents (``eager_fast_path.maps_tangents``)."""
+    it by applying it to the tangents (``eager_fast_path.maps_tangents``); ``factor``: J·v is v times this graph's
+    tensor (``eager_fast_path.product_factor``)."""
 
     graph: torch.fx.GraphModule
     constants: list[torch.Tensor]
     maps_tangents: bool
+    factor: torch.fx.GraphModule | None = None
 
     def __call__(self, *vs: torch.Tensor) -> list[torch.Tensor]:  # v as the stand-ins it was traced on: contiguous
         return list(self.graph.forward(*[v.contiguous() for v in vs], *self.constants))
@@ -275,7 +278,8 @@ def _proof(cotangents: _Cotangents, opened: closure_key.Opened) -> Any:
                                  device=leaves.values[k].device) for k in kept]
     vjp_map, transposed = _maps(traced, [cotangents.found.index(k) for k in kept], kept_examples, stand_ins,
                                 len(examples), [])
-    return _Proof(kept, vjp_map, transposed, eager_fast_path.maps_tangents(transposed, len(kept)))
+    return _Proof(kept, vjp_map, transposed, eager_fast_path.maps_tangents(transposed, len(kept)),
+                  eager_fast_path.product_factor(transposed, len(kept)))
 
 
 def _signature(cotangents: _Cotangents, opened: closure_key.Opened, order: int) -> Hashable | None:
@@ -688,9 +692,25 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         return outputs.with_values({k: identity.attach(outputs.values[k], [zero]) for k in outputs.differentiable})
     if guard and not compiling:  # J depends on xs and what the VJP closes over: derivatives of those count
         second_derivative_guard.check([*xs, *closed_over], order, name)
-        if order == 1:
-            xs = [second_derivative_guard.hooked(x, closed_over, name) for x in xs]
+        product = _product_of_map(outputs, xs, transposed, closed_over, name, order)
+        if product is not None:
+            return product
+        xs = [second_derivative_guard.hooked(x, closed_over, name) for x in xs] if order == 1 else xs
     return _attached(linear, outputs, xs, order, transposed)
+
+
+def _product_of_map(outputs: Leaves, xs: list[torch.Tensor], transposed: Linear | None,
+                    closed_over: list[torch.Tensor], name: str, order: int) -> Any:
+    """y through the reverse-mode fast path (``eager_fast_path.product_of_map``), at order 1 with the guard, where
+    a kept proof's J·v is v times a tensor of the constants, x and y are one each and y is not a one-element
+    output (which ``_attached`` embeds as the identity form); None where ``_attached`` must run."""
+    if not (order == 1 and isinstance(transposed, _Transpose) and transposed.factor is not None and len(xs) == 1
+            and len(outputs.differentiable) == 1 and not _one_element(outputs, xs)):
+        return None
+    index = outputs.differentiable[0]
+    y = eager_fast_path.product_of_map(outputs.values[index], xs[0], transposed.factor, transposed.constants,
+                                       closed_over, name)
+    return None if y is None else outputs.with_values({index: y})
 
 
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:

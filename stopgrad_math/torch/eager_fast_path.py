@@ -24,6 +24,7 @@ recomputes the identity's ops from the saved x and differentiates those.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ import torch.autograd.forward_ad as forward_ad
 from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.torch import identity
+from stopgrad_math.torch import identity, second_derivative_guard
 
 
 def _ordinary(fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -201,3 +202,102 @@ def dual_of_map(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
     tangents = [forward_ad.unpack_dual(x).tangent.mul(-1.0) for x in xs]  # type: ignore[no-untyped-call]
     return [forward_ad.make_dual(torch.sub(y, 0.0), t.add(0.0).mul_(-1.0))  # type: ignore[no-untyped-call]
             for y, t in zip(ys, transposed(*tangents), strict=True)]
+
+
+# ---------------------------------------------------------------- the decorator's J·v, in reverse mode alone
+#
+# Where the proven transpose is one product p = v·c, c made of the constants alone (the VJP ct ↦ ct·c of an
+# elementwise derivative, the commonest one), the ordinary ops h = y − (p − stop(p)), v = stop(x) − x, with an
+# alias of x whose hook guards second derivatives (``second_derivative_guard.hooked``), are differentiated by
+# PyTorch, where x and c are finite, to
+#
+#     x̄ = −((−h̄)·c)
+#
+# for a cotangent h̄ of h (a sub passes its subtrahend −h̄, a product multiplies the cotangent by the other operand,
+# cotangent first); y's cotangent is h̄ itself. The value is y − 0.0. One Function node runs those two passes, and
+# the guard's check in its backward, where the ordinary ops made five nodes and a Python hook.
+
+
+def product_factor(graph: torch.fx.GraphModule, live: int) -> torch.fx.GraphModule | None:
+    """Where ``graph`` (one input v, then constants) returns one ``mul`` of v by a tensor made of the constants
+    alone or by a number, the graph of that factor (taking the same inputs); None otherwise."""
+    if live != 1:
+        return None
+    nodes = list(graph.graph.nodes)
+    v = next((n for n in nodes if n.op == "placeholder"), None)
+    output = nodes[-1] if nodes else None
+    if v is None or output is None or output.op != "output":
+        return None
+    results = pytree.tree_leaves(output.args[0])
+    if len(results) != 1 or not isinstance(results[0], torch.fx.Node):
+        return None
+    product = results[0]
+    if product.op != "call_function" or product.target is not _aten.mul.Tensor or product.kwargs \
+            or len(product.args) != 2 or sum(a is v for a in product.args) != 1:
+        return None
+    factor = product.args[1] if product.args[0] is v else product.args[0]
+    if not ((isinstance(factor, torch.fx.Node) and not _reads(factor, v)) or type(factor) in (int, float)):
+        return None
+    copied: dict[torch.fx.Node, torch.fx.Node] = {}
+    made = torch.fx.Graph()
+    made.graph_copy(graph.graph, copied)
+    made.output(copied[factor] if isinstance(factor, torch.fx.Node) else factor)
+    made.eliminate_dead_code()
+    return torch.fx.GraphModule(graph, made)
+
+
+def _reads(node: torch.fx.Node, v: torch.fx.Node) -> bool:
+    """Whether the node is v or is computed from it."""
+    seen, pending = set(), [node]
+    while pending:
+        current = pending.pop()
+        if current is v:
+            return True
+        if current not in seen:
+            seen.add(current)
+            pending += [a for a in pytree.tree_leaves((current.args, current.kwargs)) if isinstance(a, torch.fx.Node)]
+    return False
+
+
+class _ProductOfMap(torch.autograd.Function):
+    """y with derivative c·(−1)·(−1) w.r.t. x, as the decorator's ordinary ops differentiate it for finite x and c;
+    see the comment above."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, x: torch.Tensor, c: torch.Tensor | float, live: list[torch.Tensor],
+                name: str) -> torch.Tensor:
+        del x  # an input for its gradient alone
+        ctx.set_materialize_grads(False)
+        if isinstance(c, torch.Tensor):  # as the ordinary ops' product saves it: an in-place change of it raises
+            ctx.save_for_backward(c)
+        ctx.number, ctx.live, ctx.name = None if isinstance(c, torch.Tensor) else c, live, name
+        return torch.sub(y, 0.0)
+
+    @staticmethod
+    def backward(ctx: Any, cotangent: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        if cotangent is None:
+            return None, None, None, None, None
+        c = ctx.saved_tensors[0] if ctx.number is None else ctx.number  # a number as the product has it
+        gradient = torch.mul(cotangent.neg(), c).neg()
+        if second_derivative_guard.forward_ad_or_recorded(gradient, ctx.name):  # create_graph: as the hook does
+            gradient = second_derivative_guard.refusing(gradient, ctx.live, ctx.name)
+        return cotangent, gradient, None, None, None
+
+
+def product_of_map(y: torch.Tensor, x: torch.Tensor, factor: torch.fx.GraphModule, constants: list[torch.Tensor],
+                   stopped: list[torch.Tensor], name: str) -> torch.Tensor | None:
+    """The decorator's output y with derivative J w.r.t. x in reverse mode alone at order 1, J·v being v times
+    ``factor``'s tensor (``product_factor``) of the ``constants``, as its ordinary ops with the guard on x give it
+    (``stopped``: the tensors the VJP closes over, which the guard watches too); None where those must run."""
+    if forward_ad._current_level >= 0 or not (torch.is_grad_enabled() and x.requires_grad):
+        return None
+    if not (_plain(x, x) and x.dtype in _DTYPES and x.is_contiguous() and _plain(y, x) and identity.plainly_eager()
+            and not torch.is_autocast_enabled(x.device.type)):
+        return None
+    c = factor.forward(x, *constants)  # (its first input, v, unread)
+    if not (_plain(c, x) and identity.all_finite(x, c) if isinstance(c, torch.Tensor)
+            else math.isfinite(c) and identity.all_finite(x)):
+        return None
+    live = [t for t in (x, *stopped) if t.requires_grad]
+    result: torch.Tensor = _ProductOfMap.apply(y, x, c, live, name)  # type: ignore[no-untyped-call]
+    return result

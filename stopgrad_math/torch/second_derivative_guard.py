@@ -96,18 +96,29 @@ def hooked(x: torch.Tensor, stopped: list[torch.Tensor], name: str) -> torch.Ten
     live = [t for t in (x, *stopped) if t.requires_grad]
 
     def refuse_a_second_derivative(gradient: torch.Tensor) -> torch.Tensor | None:
-        if forward_ad.unpack_dual(gradient).tangent is not None:  # type: ignore[no-untyped-call]
-            raise LookupError(BEYOND_ORDER[1].format(name=name))
-        if not torch.is_grad_enabled():
-            return None
-        reached = sum((zero_with_slope(t, slope_is_negative=False, multiplied=True).real.sum() for t in live),
-                      torch.zeros((), dtype=gradient.real.dtype, device=gradient.device))
-
-        def refuse(_: torch.Tensor) -> None:
-            raise LookupError(BEYOND_ORDER[1].format(name=name))
-
-        reached.register_hook(refuse)  # type: ignore[no-untyped-call]
-        return gradient - reached.to(gradient.dtype)  # −0.0 − (+0.0) is −0.0: the gradient bit for bit
+        return refusing(gradient, live, name) if forward_ad_or_recorded(gradient, name) else None
 
     v.register_hook(refuse_a_second_derivative)  # type: ignore[no-untyped-call]
     return v
+
+
+def forward_ad_or_recorded(gradient: torch.Tensor, name: str) -> bool:
+    """What ``hooked`` asks of a gradient reaching x: LookupError where it is a dual tensor (forward mode over the
+    backward pass); whether grad mode records it (``create_graph=True``)."""
+    if forward_ad.unpack_dual(gradient).tangent is not None:  # type: ignore[no-untyped-call]
+        raise LookupError(BEYOND_ORDER[1].format(name=name))
+    return torch.is_grad_enabled()
+
+
+def refusing(gradient: torch.Tensor, live: list[torch.Tensor], name: str) -> torch.Tensor:
+    """The gradient, bit for bit, with a zero term attached through ``live`` (x and the tensors J depends on that
+    require grad) whose own derivative raises: a later derivative that reaches them through it would miss J's
+    dependence on them."""
+    reached = sum((zero_with_slope(t, slope_is_negative=False, multiplied=True).real.sum() for t in live),
+                  torch.zeros((), dtype=gradient.real.dtype, device=gradient.device))
+
+    def refuse(_: torch.Tensor) -> None:
+        raise LookupError(BEYOND_ORDER[1].format(name=name))
+
+    reached.register_hook(refuse)  # type: ignore[no-untyped-call]
+    return gradient - reached.to(gradient.dtype)  # −0.0 − (+0.0) is −0.0: the gradient bit for bit
