@@ -435,19 +435,27 @@ def _decorated_cases(dtype):
             "two": (two, 2)}
 
 
-def _spied(monkeypatch):
-    """Records whether each call of ``dual_of_map`` gave the duals."""
+def _spied(monkeypatch, path="dual_of_map"):
+    """Records whether each call of the decorator's fast path ``path`` (``dual_of_map``, ``product_of_map``) gave
+    its result."""
     from stopgrad_math.torch import eager_fast_path
 
-    taken, real = [], eager_fast_path.dual_of_map
+    taken, real = [], getattr(eager_fast_path, path)
 
     def spy(*args):
         result = real(*args)
         taken.append(result is not None)
         return result
 
-    monkeypatch.setattr(eager_fast_path, "dual_of_map", spy)
+    monkeypatch.setattr(eager_fast_path, path, spy)
     return taken
+
+
+def _refused(monkeypatch, path="dual_of_map"):
+    """The decorator's fast path ``path`` never taken: the ordinary ops run."""
+    from stopgrad_math.torch import eager_fast_path
+
+    monkeypatch.setattr(eager_fast_path, path, lambda *args: None)
 
 
 def _primals_and_tangents(fn, xs, tangents):
@@ -461,7 +469,6 @@ def _primals_and_tangents(fn, xs, tangents):
 def test_the_decorators_forward_mode_is_its_ordinary_ops_bit_for_bit_over_the_grid(case, dtype, monkeypatch):
     """x finite, tangents anything: the fast path (taken) against the ordinary ops (the path refused), value and
     tangent, and the analytic derivative where the tangent is finite."""
-    from stopgrad_math.torch import eager_fast_path
 
     fn, count = _decorated_cases(dtype)[case]
     x, tangent = (t.reshape(-1, 3).contiguous()
@@ -471,7 +478,7 @@ def test_the_decorators_forward_mode_is_its_ordinary_ops_bit_for_bit_over_the_gr
     taken = _spied(monkeypatch)
     fast = _primals_and_tangents(fn, xs, tangents)
     assert taken and all(taken)
-    monkeypatch.setattr(eager_fast_path, "dual_of_map", lambda *args: None)
+    _refused(monkeypatch)
     for (got_value, got_tangent), (want_value, want_tangent) in zip(
             fast, _primals_and_tangents(fn, xs, tangents), strict=True):
         same_bits(got_value, want_value)
@@ -539,7 +546,6 @@ def test_the_decorators_forward_fast_path_is_taken_only_where_it_is_the_ordinary
 def test_the_decorators_forward_mode_under_autocast_is_its_ordinary_ops(case, monkeypatch):
     """Under autocast the path gives the ordinary ops' bits: taken for the activation (float32 throughout), not for
     the matrix product, whose J·v autocast traces with casts (not in the table)."""
-    from stopgrad_math.torch import eager_fast_path
 
     fn, _ = _decorated_cases(torch.float32)[case]
     x, tangent = (t.reshape(-1, 3).contiguous()
@@ -548,7 +554,7 @@ def test_the_decorators_forward_mode_under_autocast_is_its_ordinary_ops(case, mo
     results = []
     for path in ("fast", "ordinary"):
         if path == "ordinary":
-            monkeypatch.setattr(eager_fast_path, "dual_of_map", lambda *args: None)
+            _refused(monkeypatch)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             results.append(_primals_and_tangents(fn, [x], [tangent]))
     assert any(taken) == (case == "activation")
@@ -588,27 +594,6 @@ def _product_cases(dtype, w):
             "mixed": mixed}
 
 
-def _spied_products(monkeypatch):
-    """Records whether each call of ``product_of_map`` gave the result."""
-    from stopgrad_math.torch import eager_fast_path
-
-    taken, real = [], eager_fast_path.product_of_map
-
-    def spy(*args):
-        result = real(*args)
-        taken.append(result is not None)
-        return result
-
-    monkeypatch.setattr(eager_fast_path, "product_of_map", spy)
-    return taken
-
-
-def _ordinary_products(monkeypatch):
-    from stopgrad_math.torch import eager_fast_path
-
-    monkeypatch.setattr(eager_fast_path, "product_of_map", lambda *args: None)
-
-
 def _value_and_gradient(fn, x, cotangent, **kwargs):
     x = x.clone().requires_grad_(True)
     y = fn(x, **kwargs)
@@ -625,10 +610,10 @@ def test_the_decorators_reverse_mode_is_its_ordinary_ops_bit_for_bit_over_the_gr
     x, w, cotangent = (t.reshape(-1).contiguous() for t in torch.meshgrid(
         corners(dtype, True), corners(dtype, True), corners(dtype, False), indexing="ij"))
     fn = _product_cases(dtype, w)[case]
-    taken = _spied_products(monkeypatch)
+    taken = _spied(monkeypatch, "product_of_map")
     fast = _value_and_gradient(fn, x, cotangent)
     assert taken == ([] if case == "mixed" else [True])
-    _ordinary_products(monkeypatch)
+    _refused(monkeypatch, "product_of_map")
     ordinary = _value_and_gradient(fn, x, cotangent)
     same_bits(fast[0], ordinary[0])
     same_bits(fast[1], ordinary[1])
@@ -642,7 +627,7 @@ def test_the_decorators_reverse_fast_path_is_taken_only_where_it_is_the_ordinary
     """Refused (and the ordinary ops' gradient given): a non-finite x, an infinite J, a forward-mode level, order 2,
     torch.func, a one-element y (the identity form's), a strided x, bfloat16, autocast. Taken where y also moves
     through a keyword argument, whose cotangent passes as it is."""
-    taken = _spied_products(monkeypatch)
+    taken = _spied(monkeypatch, "product_of_map")
     w = torch.tensor([1.0, math.inf, 2.0])
 
     @sgm.custom_gradient
@@ -692,7 +677,7 @@ def test_the_decorators_reverse_fast_path_guards_second_derivatives_as_the_ordin
     x, _, _ = grid(torch.float64)
     a = torch.linspace(-2.0, 2.0, x.numel(), dtype=torch.float64)
     fn = _product_cases(torch.float64, None)["activation"]
-    taken = _spied_products(monkeypatch)
+    taken = _spied(monkeypatch, "product_of_map")
 
     def through_the_cotangent():
         xr, ar = x.clone().requires_grad_(True), a.clone().requires_grad_(True)
@@ -710,7 +695,7 @@ def test_the_decorators_reverse_fast_path_guards_second_derivatives_as_the_ordin
     y = fn(xr)
     with forward_ad.dual_level(), pytest.raises(LookupError, match="order=2"):
         torch.autograd.grad(y, xr, forward_ad.make_dual(torch.ones_like(x), torch.ones_like(x)))
-    _ordinary_products(monkeypatch)
+    _refused(monkeypatch, "product_of_map")
     ordinary = through_the_cotangent()
     same_bits(fast[0], ordinary[0])
     same_bits(fast[1], ordinary[1])
@@ -723,7 +708,7 @@ def test_an_in_place_change_after_the_call_behaves_as_with_the_ordinary_ops(case
     results = []
     for path in ("fast", "ordinary"):
         if path == "ordinary":
-            _ordinary_products(monkeypatch)
+            _refused(monkeypatch, "product_of_map")
         x = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
         w = torch.tensor([3.0, -2.0, 0.5])
         fn = _product_cases(torch.float32, w)[case]
