@@ -296,6 +296,19 @@ def _unguarded_products(original):
     return Unguarded
 
 
+def _product_simplified(original):
+    """The PyTorch decorator's reverse fast path with ȳ·c for its backward, in place of the ordinary ops' −((−ȳ)·c):
+    the same but for the sign of the NaN that 0·inf makes."""
+    import torch
+
+    class Simplified(original):
+        @staticmethod
+        def backward(ctx, cotangent):
+            c = ctx.saved_tensors[0] if ctx.number is None else ctx.number
+            return cotangent, torch.mul(cotangent, c), None, None, None
+    return Simplified
+
+
 def _always_finite(original):
     """The PyTorch identity's eager shortcut taken for every tensor: its selects left out where x or J·v is inf
     or NaN."""
@@ -382,6 +395,9 @@ MUTANTS = {
     "the PyTorch decorator's reverse fast path drops the guard": Mutant(
         "stopgrad_math.torch.eager_fast_path", "_ProductOfMap", _unguarded_products,
         (f"{_FAST}::test_the_decorators_reverse_fast_path_guards_second_derivatives_as_the_ordinary_ops",)),
+    "the PyTorch decorator's reverse fast path simplifies its backward to ȳ·c": Mutant(
+        "stopgrad_math.torch.eager_fast_path", "_ProductOfMap", _product_simplified,
+        (f"{_FAST}::test_the_decorators_reverse_mode_is_its_ordinary_ops_bit_for_bit_over_the_grid",)),
     "the PyTorch identity leaves out its selects for a non-finite x": Mutant(
         "stopgrad_math.torch.identity", "_eagerly_finite", _always_finite,
         (f"{_TORCH}::test_an_inf_or_nan_x_has_no_derivative_whatever_the_cotangent_or_tangent_holds",

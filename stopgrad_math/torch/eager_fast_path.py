@@ -215,7 +215,8 @@ def dual_of_map(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
 #
 # for a cotangent h̄ of h (a sub passes its subtrahend −h̄, a product multiplies the cotangent by the other operand,
 # cotangent first); y's cotangent is h̄ itself. The value is y − 0.0. One Function node runs those two passes, and
-# the guard's check in its backward, where the ordinary ops made five nodes and a Python hook.
+# the guard's check in its backward, where the ordinary ops made five nodes and a Python hook. The two negations
+# stay: h̄·c alone differs where c is ±0 and h̄ ±inf, in the sign of the NaN that 0·inf makes.
 
 
 def product_factor(graph: torch.fx.GraphModule, live: int) -> torch.fx.GraphModule | None:
