@@ -488,11 +488,9 @@ def test_the_decorators_forward_mode_is_its_ordinary_ops_bit_for_bit_over_the_gr
         torch.testing.assert_close(fast[0][1][finite], (torch.sigmoid(x) * tangent)[finite])
 
 
-def test_the_decorators_forward_fast_path_is_taken_only_where_it_is_the_ordinary_ops(monkeypatch):
-    """Refused (and the ordinary ops' derivative given): a non-finite x, an infinite J (J·v NaN), y moving through
-    a keyword argument, reverse and forward mode at once, an op outside the table, order 2, torch.func,
-    bfloat16."""
-    taken = _spied(monkeypatch)
+def _route_cases():
+    """The decorated functions both fast paths' route tests call: x·2 (plus a shift passed by keyword), x·w with
+    an inf in w (J infinite there), and x·2 at order 2."""
     w = torch.tensor([1.0, math.inf, 2.0])
 
     @sgm.custom_gradient
@@ -503,11 +501,20 @@ def test_the_decorators_forward_fast_path_is_taken_only_where_it_is_the_ordinary
     def by_w(x):
         return x * w, lambda ct: ct * w
 
+    return scaled, by_w, sgm.custom_gradient(lambda x: (x * 2.0, lambda ct: ct * 2.0), order=2)
+
+
+def test_the_decorators_forward_fast_path_is_taken_only_where_it_is_the_ordinary_ops(monkeypatch):
+    """Refused (and the ordinary ops' derivative given): a non-finite x, an infinite J (J·v NaN), y moving through
+    a keyword argument, reverse and forward mode at once, an op outside the table, order 2, torch.func,
+    bfloat16."""
+    taken = _spied(monkeypatch)
+    scaled, by_w, scaled_2 = _route_cases()
+
     @sgm.custom_gradient
     def running(x):
         return torch.cumsum(x, 0), lambda ct: ct.flip(0).cumsum(0).flip(0)
 
-    scaled_2 = sgm.custom_gradient(lambda x: (x * 2.0, lambda ct: ct * 2.0), order=2)
     x, ones = torch.tensor([1.0, 2.0, 3.0]), torch.ones(3)
 
     def tangent_of(fn, x=x, **kwargs):
@@ -628,17 +635,7 @@ def test_the_decorators_reverse_fast_path_is_taken_only_where_it_is_the_ordinary
     torch.func, a one-element y (the identity form's), a strided x, bfloat16, autocast. Taken where y also moves
     through a keyword argument, whose cotangent passes as it is."""
     taken = _spied(monkeypatch, "product_of_map")
-    w = torch.tensor([1.0, math.inf, 2.0])
-
-    @sgm.custom_gradient
-    def scaled(x, *, shift=None):
-        return x * 2.0 + (0.0 if shift is None else shift), lambda ct: ct * 2.0
-
-    @sgm.custom_gradient
-    def by_w(x):
-        return x * w, lambda ct: ct * w
-
-    scaled_2 = sgm.custom_gradient(lambda x: (x * 2.0, lambda ct: ct * 2.0), order=2)
+    scaled, by_w, scaled_2 = _route_cases()
     x = torch.tensor([1.0, 2.0, 3.0])
 
     def gradient_of(fn, x=x, **kwargs):
