@@ -279,9 +279,7 @@ class _ProductOfMap(torch.autograd.Function):
         if cotangent is None:
             return None, None, None, None, None
         c = ctx.saved_tensors[0] if ctx.number is None else ctx.number  # a number as the product has it
-        gradient = torch.mul(cotangent.neg(), c).neg()
-        if second_derivative_guard.forward_ad_or_recorded(gradient, ctx.name):  # create_graph: as the hook does
-            gradient = second_derivative_guard.refusing(gradient, ctx.live, ctx.name)
+        gradient = second_derivative_guard.guarded(torch.mul(cotangent.neg(), c).neg(), ctx.live, ctx.name)
         return cotangent, gradient, None, None, None
 
 
@@ -296,9 +294,10 @@ def product_of_map(y: torch.Tensor, x: torch.Tensor, factor: torch.fx.GraphModul
             and not torch.is_autocast_enabled(x.device.type)):
         return None
     c = factor.forward(x, *constants)  # (its first input, v, unread)
-    if not (_plain(c, x) and identity.all_finite(x, c) if isinstance(c, torch.Tensor)
-            else math.isfinite(c) and identity.all_finite(x)):
+    finite = (_plain(c, x) and identity.all_finite(x, c)) if isinstance(c, torch.Tensor) \
+        else (math.isfinite(c) and identity.all_finite(x))
+    if not finite:
         return None
-    live = [t for t in (x, *stopped) if t.requires_grad]
+    live = second_derivative_guard.live_of(x, stopped)
     result: torch.Tensor = _ProductOfMap.apply(y, x, c, live, name)  # type: ignore[no-untyped-call]
     return result

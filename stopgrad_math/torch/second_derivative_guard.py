@@ -93,27 +93,26 @@ def hooked(x: torch.Tensor, stopped: list[torch.Tensor], name: str) -> torch.Ten
     if not x.requires_grad or torch.compiler.is_compiling() or in_transform():
         return x
     v = x.view_as(x)
-    live = [t for t in (x, *stopped) if t.requires_grad]
-
-    def refuse_a_second_derivative(gradient: torch.Tensor) -> torch.Tensor | None:
-        return refusing(gradient, live, name) if forward_ad_or_recorded(gradient, name) else None
-
-    v.register_hook(refuse_a_second_derivative)  # type: ignore[no-untyped-call]
+    live = live_of(x, stopped)
+    v.register_hook(lambda gradient: guarded(gradient, live, name))  # type: ignore[no-untyped-call]
     return v
 
 
-def forward_ad_or_recorded(gradient: torch.Tensor, name: str) -> bool:
-    """What ``hooked`` asks of a gradient reaching x: LookupError where it is a dual tensor (forward mode over the
-    backward pass); whether grad mode records it (``create_graph=True``)."""
+def live_of(x: torch.Tensor, stopped: list[torch.Tensor]) -> list[torch.Tensor]:
+    """What a derivative of x's gradient must not reach: x and the tensors J depends on, where they require grad."""
+    return [t for t in (x, *stopped) if t.requires_grad]
+
+
+def guarded(gradient: torch.Tensor, live: list[torch.Tensor], name: str) -> torch.Tensor:
+    """A gradient reaching x at order 1, guarded (``hooked``'s hook; the decorator's reverse fast path, in its
+    backward): LookupError where it is a dual tensor (forward mode over the backward pass); where grad mode records
+    it (``create_graph=True``), the gradient bit for bit with a zero term attached through ``live``
+    (``live_of``) whose own derivative raises, since a later derivative that reaches them through it would miss
+    J's dependence on them; else the gradient as it is."""
     if forward_ad.unpack_dual(gradient).tangent is not None:  # type: ignore[no-untyped-call]
         raise LookupError(BEYOND_ORDER[1].format(name=name))
-    return torch.is_grad_enabled()
-
-
-def refusing(gradient: torch.Tensor, live: list[torch.Tensor], name: str) -> torch.Tensor:
-    """The gradient, bit for bit, with a zero term attached through ``live`` (x and the tensors J depends on that
-    require grad) whose own derivative raises: a later derivative that reaches them through it would miss J's
-    dependence on them."""
+    if not torch.is_grad_enabled():
+        return gradient
     reached = sum((zero_with_slope(t, slope_is_negative=False, multiplied=True).real.sum() for t in live),
                   torch.zeros((), dtype=gradient.real.dtype, device=gradient.device))
 
