@@ -309,6 +309,36 @@ def _product_simplified(original):
     return Simplified
 
 
+def _compiled_path_without_carrier(original):
+    """The PyTorch identity's compiled fast path with the slope carrier's term left out of its backward: right
+    where g is finite, a zero derivative where it is inf or NaN."""
+    import math
+
+    import torch
+
+    class WithoutCarrier(original):
+        @staticmethod
+        def backward(ctx, cotangent):
+            g, x = ctx.saved_tensors
+            finite_x = x.abs() < math.inf
+            g = torch.where(finite_x, g, 0.0)
+            product = cotangent.neg() * torch.where(g.abs() < math.inf, g, 0.0)
+            return None, None, torch.where(finite_x, product, 0.0).neg()
+    return WithoutCarrier
+
+
+def _compiled_path_in_every_mode(original):
+    """The PyTorch identity's compiled fast path taken whatever traces it, torch.func transforms included."""
+    from stopgrad_math.torch import compiled_fast_path
+
+    def everywhere(fx, planned):
+        (_, _, g, x) = planned[0]
+        if len(planned) == 1 and g.shape == x.shape == fx.shape and x.dtype == fx.dtype:
+            return compiled_fast_path._CompiledIdentity.apply(fx, g, x)
+        return original(fx, planned)
+    return everywhere
+
+
 def _always_finite(original):
     """The PyTorch identity's eager shortcut taken for every tensor: its selects left out where x or J·v is inf
     or NaN."""
@@ -398,6 +428,12 @@ MUTANTS = {
     "the PyTorch decorator's reverse fast path simplifies its backward to ȳ·c": Mutant(
         "stopgrad_math.torch.eager_fast_path", "_ProductOfMap", _product_simplified,
         (f"{_FAST}::test_the_decorators_reverse_mode_is_its_ordinary_ops_bit_for_bit_over_the_grid",)),
+    "the PyTorch identity's compiled fast path leaves out its slope carrier": Mutant(
+        "stopgrad_math.torch.compiled_fast_path", "_CompiledIdentity", _compiled_path_without_carrier,
+        (f"{_FAST}::test_compiled_the_function_gives_the_compiled_ordinary_ops_bits_over_the_grid[torch.float32]",)),
+    "the PyTorch identity's compiled fast path is taken inside torch.func transforms": Mutant(
+        "stopgrad_math.torch.compiled_fast_path", "identity", _compiled_path_in_every_mode,
+        (f"{_FAST}::test_compiled_the_function_serves_reverse_mode_alone_and_each_transform_gets_the_ordinary_ops",)),
     "the PyTorch identity leaves out its selects for a non-finite x": Mutant(
         "stopgrad_math.torch.identity", "_eagerly_finite", _always_finite,
         (f"{_TORCH}::test_an_inf_or_nan_x_has_no_derivative_whatever_the_cotangent_or_tangent_holds",

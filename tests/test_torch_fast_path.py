@@ -1,7 +1,7 @@
-"""The eager fast paths against the definition they stand in for, the ordinary ops, bit for bit: over a grid of ±0,
+"""The fast paths against the definition they stand in for, the ordinary ops, bit for bit: over a grid of ±0,
 subnormal, huge, ±inf and NaN cotangents and tangents, in each mode where a path is taken, and the routes where it
-is not. The identity form's (an autograd.Function); the decorator's in forward mode alone (its J·v applied to the
-tangents, made dual), with the table of ops it rests on."""
+is not. The identity form's (an autograd.Function eagerly, and one under torch.compile); the decorator's in
+forward mode alone (its J·v applied to the tangents, made dual), with the table of ops it rests on."""
 
 import math
 import threading
@@ -238,8 +238,8 @@ def test_transforms_and_compilation_run_the_ordinary_ops(mode, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_compiled_the_identity_gives_the_eager_identitys_bits_over_the_grid(dtype):
-    """Under torch.compile (Inductor's fused kernels, masks recomputed in the backward rather than kept), the
-    value and the gradient are the eager ordinary ops' bits, non-finite x and g included."""
+    """Under torch.compile (the compiled fast path's Function, below), the value and the gradient are the eager
+    ordinary ops' bits, non-finite x and g included."""
     every = corners(dtype, False)
     x, g, c = (t.reshape(-1).contiguous() for t in torch.meshgrid(every, every, every, indexing="ij"))
     fx = torch.linspace(-3, 3, x.numel(), dtype=dtype)
@@ -253,6 +253,111 @@ def test_compiled_the_identity_gives_the_eager_identitys_bits_over_the_grid(dtyp
     compiled = value_and_grad(torch.compile(sgm.custom_gradient, fullgraph=True))
     for got, want in zip(compiled, value_and_grad(ordinary), strict=True):
         same_bits(got, want)
+
+
+def _compiled_keeping_graphs(fn):
+    """fn under torch.compile(fullgraph=True) with Inductor, and the set of op targets of each graph Dynamo traced
+    (an autograd.Function applied is the ``autograd_function_apply`` higher-order op)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append({str(node.target) for node in gm.graph.nodes})
+        return compile_fx(gm, inputs)
+
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend=backend), graphs
+
+
+FUNCTION_APPLIED = "autograd_function_apply"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compiled_the_function_gives_the_compiled_ordinary_ops_bits_over_the_grid(dtype, monkeypatch):
+    """The compiled fast path (an autograd.Function whose backward is the identity's derivative for every value)
+    against the ordinary ops compiled, x, g and the cotangent each over every corner, inf and NaN included. (On
+    float16 both differ from the eager ops in the sign of some zero gradients: Inductor computes float16 in
+    float32.)"""
+    from stopgrad_math.torch import compiled_fast_path
+
+    every = corners(dtype, False)
+    x, g, c = (t.reshape(-1).contiguous() for t in torch.meshgrid(every, every, every, indexing="ij"))
+    fx = torch.linspace(-3, 3, x.numel(), dtype=dtype)
+
+    def value_and_grad():
+        embed, graphs = _compiled_keeping_graphs(sgm.custom_gradient)
+        leaf = x.clone().requires_grad_(True)
+        out = embed(fx, g, leaf)
+        return (out.detach(), torch.autograd.grad(out, leaf, c)[0]), graphs
+
+    fast, graphs = value_and_grad()
+    assert FUNCTION_APPLIED in graphs[0]
+    monkeypatch.setattr(compiled_fast_path, "identity", lambda fx, planned: None)
+    want, graphs = value_and_grad()
+    assert FUNCTION_APPLIED not in graphs[0]
+    for got, expected in zip(fast, want, strict=True):
+        same_bits(got, expected)
+
+
+_LOG1PEXP = lambda x: sgm.custom_gradient(torch.logaddexp(x, torch.zeros(())), torch.sigmoid(x), x)  # noqa: E731
+_COMPILED_ROUTES = {
+    "func.grad": torch.func.grad(lambda x: _LOG1PEXP(x).sum()),
+    "func.vjp": lambda x: torch.func.vjp(_LOG1PEXP, x)[1](torch.ones_like(x))[0],
+    "func.jvp": lambda x: torch.func.jvp(_LOG1PEXP, (x,), (torch.ones_like(x),))[1],
+    "jacrev": lambda x: torch.func.jacrev(_LOG1PEXP)(x).diagonal(),
+    "vmap of grad": lambda x: torch.func.vmap(torch.func.grad(lambda x: _LOG1PEXP(x).sum()))(x[None])[0],
+    "no_grad (the value)": torch.no_grad()(_LOG1PEXP),
+}
+
+
+@pytest.mark.parametrize("mode", ["backward", *_COMPILED_ROUTES])
+def test_compiled_the_function_serves_reverse_mode_alone_and_each_transform_gets_the_ordinary_ops(mode):
+    """Compiled, the Function stands in where Dynamo traces a backward of plain tensors, and nowhere else: inside
+    torch.func transforms (where the Function, without functorch rules, read zeros for func.grad) and without grad
+    the ordinary ops run. Each against the analytic derivative σ(x) (the value log(1 + eˣ) without grad)."""
+    x = torch.tensor([0.0, 100.0, -3.0, 1e-3])
+    if mode == "backward":
+        compiled, graphs = _compiled_keeping_graphs(_LOG1PEXP)
+        leaf = x.clone().requires_grad_(True)
+        got = torch.autograd.grad(compiled(leaf).sum(), leaf)[0]
+    else:
+        compiled, graphs = _compiled_keeping_graphs(_COMPILED_ROUTES[mode])
+        got = compiled(x.clone())
+    truth = torch.logaddexp(x, torch.zeros(())) if mode.startswith("no_grad") else torch.sigmoid(x)
+    torch.testing.assert_close(got, truth)
+    assert (FUNCTION_APPLIED in set().union(*graphs)) == (mode == "backward")
+
+
+@pytest.mark.parametrize("use", ["the output changed in place", "x changed in place before backward"])
+def test_compiled_in_place_use_meets_what_the_compiled_ordinary_ops_meet(use, monkeypatch):
+    """In place after the call: the output scaled (its gradient scaled), or x changed before the backward (both
+    refuse it: AOTAutograd saves x, as the Function does)."""
+    from stopgrad_math.torch import compiled_fast_path
+
+    def run():
+        compiled, _ = _compiled_keeping_graphs(_LOG1PEXP)
+        x = torch.tensor([0.0, 100.0, -3.0], requires_grad=True)
+        inner = x * 1.0
+        out = compiled(inner)
+        if use == "the output changed in place":
+            out.mul_(3.0)  # recorded: the gradient is scaled
+        else:
+            with torch.no_grad():
+                inner.mul_(3.0)
+        try:
+            return torch.autograd.grad(out.sum(), x)[0]
+        except RuntimeError as error:
+            return "modified by an inplace operation" in str(error)
+
+    fast = run()
+    monkeypatch.setattr(compiled_fast_path, "identity", lambda fx, planned: None)
+    want = run()
+    if use == "the output changed in place":
+        torch.testing.assert_close(fast, 3.0 * torch.sigmoid(torch.tensor([0.0, 100.0, -3.0])))
+        same_bits(fast, want)
+    else:
+        assert fast is True and want is True
 
 
 @sgm.custom_gradient

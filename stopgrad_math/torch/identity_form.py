@@ -10,7 +10,7 @@ from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import arguments, layouts
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.torch import decorator_form, eager_fast_path, identity
+from stopgrad_math.torch import compiled_fast_path, decorator_form, eager_fast_path, identity
 
 
 def _leaves(gx: Any, x: Any) -> list[tuple[str, Any, Any]]:
@@ -63,7 +63,8 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
 
     made of ordinary ATen ops (N carries the derivative where gx is inf or
     NaN; see ``identity``); a plain eager call with finite x and gx takes a
-    fast path with the same bits (``eager_fast_path``). gx is read from
+    fast path with the same bits (``eager_fast_path``), and so does a plain
+    call compiled for reverse mode (``compiled_fast_path``). gx is read from
     its shape as on TensorFlow and JAX: ``fx.shape + x.shape`` is the
     Jacobian; a gx that broadcasts with x to ``fx.shape`` is elementwise; for
     a one-element fx it is the gradient; otherwise, as in tfp, the gradient
@@ -159,7 +160,8 @@ def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False
     if not fx_gx_manually_stopped:
         fx = identity.stop(fx)
         planned = [(label, layout, identity.stop(g), leaf) for label, layout, g, leaf in planned]
-        fast = eager_fast_path.finite_identity(fx, planned)
+        fast = (compiled_fast_path.identity if torch.compiler.is_compiling() else eager_fast_path.finite_identity)(
+            fx, planned)
         if fast is not None:
             return fast
     elif not stopped_by_caller and not torch.compiler.is_compiling():

@@ -1,0 +1,70 @@
+"""The identity form's fast path under ``torch.compile``: one ``autograd.Function`` whose backward is the ordinary-op
+identity's derivative for every value of x, gx and the cotangent, op for op.
+
+Compiled, the ordinary ops make Inductor compute T (``identity.zero_term``: masks, the slope carrier, about
+forty ops) in the forward kernel only to subtract its +0.0, and the partitioner may keep T's masks for the
+backward, a different kernel for each layer of a network. Differentiated by AOTAutograd, with g₀ = g where x is
+finite (else 0), ĝ = g₀ where g₀ is finite (else 0) and s = sign(g₀) (0 for NaN), they come to
+
+    x̄ = −where(x finite, (−c)·ĝ + where(g₀ finite, 0, (−c)/r)·s, 0),   r = 2·sqrt(k) = where(g₀ finite, 2, 0)
+
+(r is the slope carrier's square root's derivative at its argument k: 1 where g₀ is finite, +0.0 where it is
+not, so that an infinite g gives an infinite derivative of its sign and a NaN g a NaN one). The Function's
+forward is ``fx − 0.0``, the identity's last op; its backward computes the line above from the saved x and g.
+Compiled, it gives the compiled ordinary ops' bits over a grid of ±0, subnormal, huge, ±inf and NaN in x, g and the
+cotangent (``tests/test_torch_fast_path.py``), and one short kernel each way, the same for every layer.
+
+Taken where ``torch.compile`` traces reverse mode alone: one leaf of x, elementwise, fx, gx and x plain tensors of
+one shape and dtype (float16, 32 or 64), x requiring grad in grad mode, no forward-mode level and no torch.func
+transform (inside one the Function would need functorch rules of its own; ``torch.func.grad`` of a compiled
+Function without them reads zeros). A compiled backward is not differentiable again, whichever ops built it
+(AOTAutograd raises for ``create_graph``), so the Function needs no double backward. Everything else is the
+ordinary ops.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.autograd.forward_ad as forward_ad
+
+from stopgrad_math.shared.layouts import Layout
+from stopgrad_math.torch.eager_fast_path import EXACT_DTYPES, plain_like
+
+
+class _CompiledIdentity(torch.autograd.Function):
+    """fx with derivative g w.r.t. x (fx and g stopped), for every x and g; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx: Any, fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(g, x)
+        return torch.sub(fx, 0.0)
+
+    @staticmethod
+    def backward(ctx: Any, cotangent: torch.Tensor) -> tuple[None, None, torch.Tensor]:
+        g, x = ctx.saved_tensors
+        finite_x = x.abs() < math.inf
+        g = torch.where(finite_x, g, 0.0)  # inf or NaN x: no derivative
+        finite_g = g.abs() < math.inf
+        sign = (g > 0).to(g.dtype) - (g < 0).to(g.dtype)  # the carrier's s: 0 for NaN
+        negated = cotangent.neg()  # the cotangent of T, subtracted from fx
+        through_product = negated * torch.where(finite_g, g, 0.0)
+        through_carrier = torch.where(finite_g, 0.0, negated / torch.where(finite_g, 2.0, 0.0)) * sign
+        return None, None, torch.where(finite_x, through_product + through_carrier, 0.0).neg()
+
+
+def identity(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+    """The identity's result through the Function while torch.compile traces reverse mode alone (fx and g
+    stopped); None where the ordinary ops must run."""
+    if len(planned) != 1 or fx.dtype not in EXACT_DTYPES:
+        return None
+    (_, layout, g, x) = planned[0]
+    if layout is not Layout.ELEMENTWISE or not (plain_like(fx, fx) and plain_like(g, fx) and plain_like(x, fx)):
+        return None
+    if not (torch.is_grad_enabled() and x.requires_grad) or forward_ad._current_level >= 0 \
+            or torch._C._are_functorch_transforms_active():
+        return None
+    result: torch.Tensor = _CompiledIdentity.apply(fx, g, x)  # type: ignore[no-untyped-call]
+    return result
