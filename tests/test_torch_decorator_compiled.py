@@ -288,3 +288,33 @@ def test_a_vjp_embedded_through_registered_graphs_is_proven_per_size_a_limit():
             assert _compiled_over_sizes(f, range(2, 6)) == 4
             with pytest.raises(limits):
                 _compiled_over_sizes(f, range(6, 18))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("case", ["activation", "weighted", "mixed"])
+def test_compiled_the_value_and_gradient_are_the_eager_decorators_over_the_grid(case, dtype, backend):
+    """x, the weight and the cotangent each over ±0, subnormal, huge, ±inf and NaN. AOTAutograd's graph run as it
+    is (``aot_eager``) gives the eager decorator's bits (its ordinary ops, whose selects and carrier compiled code
+    must choose alike). Inductor's kernels do their own arithmetic on the same ops: y is the compiled f's bits,
+    and the gradient the eager one up to rounding (torch 2.6 divides by a constant as a product by its
+    reciprocal) and a NaN's sign (where a VJP adds two NaN terms, its kernel may keep the other's), with inf and
+    NaN where eager has them. Each against the analytic gradient where every value is finite."""
+    from test_torch_fast_path import _product_cases, _value_and_gradient, corners, same_bits
+
+    every = corners(dtype, False)
+    x, w, cotangent = (t.reshape(-1).contiguous() for t in torch.meshgrid(every, every, every, indexing="ij"))
+    fn = _product_cases(dtype, w)[case]
+    eager = _value_and_gradient(fn, x, cotangent)
+    got = _value_and_gradient(compiled(fn, backend=backend), x, cotangent)
+    if backend == "aot_eager":
+        same_bits(got[0], eager[0])
+        same_bits(got[1], eager[1])
+    else:
+        same_bits(got[0], compiled(lambda x: fn.undecorated(x)[0])(x))
+        torch.testing.assert_close(got[1], eager[1], equal_nan=True)
+        assert torch.equal(got[1].isnan(), eager[1].isnan()) and torch.equal(got[1].isinf(), eager[1].isinf())
+    finite = x.isfinite() & w.isfinite() & cotangent.isfinite()
+    want = {"activation": cotangent * torch.sigmoid(x), "mixed": cotangent / 3.0 - cotangent * 0.5}.get(
+        case, cotangent * w)
+    torch.testing.assert_close(got[1][finite], want[finite])

@@ -645,10 +645,10 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
 
 
 def _forward_mode_possible() -> bool:
-    """Whether forward mode may differentiate what is made now: a forward-mode level, a torch.func transform or a
-    compilation is active. (A tensor made outside them never gets a tangent.)"""
-    return (torch.compiler.is_compiling() or forward_ad._current_level >= 0
-            or second_derivative_guard.in_transform())
+    """Whether forward mode may differentiate what is made now: a forward-mode level or a torch.func transform is
+    active, as Dynamo too sees them while it traces. (A tensor made outside them never gets a tangent, and PyTorch
+    carries no outer level's tangent through a compiled function.)"""
+    return forward_ad._current_level >= 0 or second_derivative_guard.in_transform()
 
 
 def differentiating(args: Sequence[Any]) -> bool:
@@ -656,7 +656,7 @@ def differentiating(args: Sequence[Any]) -> bool:
     mode, a forward-mode level, a torch.func transform, a trace (make_fx's, an outer VJP's) or a compilation.
     Where none is, a decorated call is f's value alone, as a Function's forward without grad, and the VJP is not
     called; the identity form is fx."""
-    if _forward_mode_possible() or torch._C._len_torch_dispatch_stack():
+    if torch.compiler.is_compiling() or _forward_mode_possible() or torch._C._len_torch_dispatch_stack():
         return True
     if not torch.is_grad_enabled():
         return False

@@ -69,8 +69,9 @@ def derivatives_taken(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def in_transform() -> bool:
-    """Whether a torch.func transform is active."""
-    return bool(retrieve_all_functorch_interpreters())
+    """Whether a torch.func transform is active (a question Dynamo traces, where it cannot read the interpreter
+    stack itself)."""
+    return bool(torch._C._are_functorch_transforms_active())
 
 
 def check(tensors: Iterable[torch.Tensor], order: int, name: str) -> None:
