@@ -31,7 +31,7 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.torch.eager_fast_path import EXACT_DTYPES, plain_like
+from stopgrad_math.torch import eager_fast_path, second_derivative_guard
 
 
 class _CompiledIdentity(torch.autograd.Function):
@@ -58,13 +58,12 @@ class _CompiledIdentity(torch.autograd.Function):
 def identity(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
     """The identity's result through the Function while torch.compile traces reverse mode alone (fx and g
     stopped); None where the ordinary ops must run."""
-    if len(planned) != 1 or fx.dtype not in EXACT_DTYPES:
+    plain = eager_fast_path.one_plain_elementwise(fx, planned)
+    if plain is None:
         return None
-    (_, layout, g, x) = planned[0]
-    if layout is not Layout.ELEMENTWISE or not (plain_like(fx, fx) and plain_like(g, fx) and plain_like(x, fx)):
-        return None
+    g, x = plain
     if not (torch.is_grad_enabled() and x.requires_grad) or forward_ad._current_level >= 0 \
-            or torch._C._are_functorch_transforms_active():
+            or second_derivative_guard.in_transform():
         return None
     result: torch.Tensor = _CompiledIdentity.apply(fx, g, x)  # type: ignore[no-untyped-call]
     return result

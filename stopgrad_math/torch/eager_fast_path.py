@@ -74,11 +74,11 @@ class _FiniteIdentity(torch.autograd.Function):
         return torch.mul(x_tangent, g).neg_().add_(0.0).neg_()
 
 
-EXACT_DTYPES = (torch.float16, torch.float32, torch.float64)
+_DTYPES = (torch.float16, torch.float32, torch.float64)
 """Where the grid holds every bit; on bfloat16 the forward formula differs from the identity in a NaN's sign."""
 
 
-def plain_like(tensor: torch.Tensor, like: torch.Tensor) -> bool:
+def _plain(tensor: torch.Tensor, like: torch.Tensor) -> bool:
     """Whether ``tensor`` is a plain strided tensor of ``like``'s shape, dtype and device (no subclass)."""
     return (type(tensor) is torch.Tensor and tensor.layout == torch.strided and tensor.shape == like.shape
             and tensor.dtype == like.dtype and tensor.device == like.device)
@@ -94,14 +94,25 @@ def _one_mode(x: torch.Tensor) -> bool:
     return not reverse and tangent is not None and not (torch.is_grad_enabled() and tangent.requires_grad)
 
 
+def one_plain_elementwise(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Tensor, torch.Tensor]]
+                          ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(g, x) where the identity has one leaf of x, elementwise, and fx, g and x are plain tensors of one shape and
+    one of ``_DTYPES`` (where both fast paths may stand in); None otherwise."""
+    if len(planned) != 1 or fx.dtype not in _DTYPES:
+        return None
+    (_, layout, g, x) = planned[0]
+    if layout is not Layout.ELEMENTWISE or not (_plain(fx, fx) and _plain(g, fx) and _plain(x, fx)):
+        return None
+    return g, x
+
+
 def finite_identity(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Tensor, torch.Tensor]]
                     ) -> torch.Tensor | None:
     """The identity's result through the fast path, fx and g stopped; None where the ordinary ops must run."""
-    if len(planned) != 1 or fx.dtype not in EXACT_DTYPES:
+    plain = one_plain_elementwise(fx, planned)
+    if plain is None:
         return None
-    (_, layout, g, x) = planned[0]
-    if layout is not Layout.ELEMENTWISE or not (plain_like(fx, fx) and plain_like(g, fx) and plain_like(x, fx)):
-        return None
+    g, x = plain
     if not (identity.plainly_eager() and _one_mode(x) and identity.all_finite(x, g)):
         return None
     result: torch.Tensor = _FiniteIdentity.apply(fx, g, x)  # type: ignore[no-untyped-call]
@@ -180,7 +191,7 @@ def _forward_mode_alone(x: torch.Tensor) -> bool:
 
 def _stands_alone(y: torch.Tensor) -> bool:
     """y is a plain tensor that no derivative reaches other than through the embedded map."""
-    return (plain_like(y, y) and y.dtype in EXACT_DTYPES and not y.requires_grad
+    return (_plain(y, y) and y.dtype in _DTYPES and not y.requires_grad
             and forward_ad.unpack_dual(y).tangent is None)  # type: ignore[no-untyped-call]
 
 
@@ -190,13 +201,13 @@ def dual_of_map(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
     J·v, a graph for which ``maps_tangents`` holds), as its ordinary ops give them; None where they must run."""
     if forward_ad._current_level != 0 or not identity.plainly_eager():  # first: a reverse-mode call pays one read
         return None
-    if not (all(plain_like(x, x) and x.dtype in EXACT_DTYPES and _forward_mode_alone(x) for x in xs)
+    if not (all(_plain(x, x) and x.dtype in _DTYPES and _forward_mode_alone(x) for x in xs)
             and all(_stands_alone(y) for y in ys)):
         return None
     if not identity.all_finite(*xs):
         return None
     products = transposed(*[torch.zeros_like(x) for x in xs])  # J·v at v = +0.0, the ordinary ops' value
-    if len(products) != len(ys) or not all(plain_like(p, y) for p, y in zip(products, ys, strict=True)):
+    if len(products) != len(ys) or not all(_plain(p, y) for p, y in zip(products, ys, strict=True)):
         return None
     if not identity.all_finite(*products):
         return None
@@ -291,11 +302,11 @@ def product_of_map(y: torch.Tensor, x: torch.Tensor, factor: torch.fx.GraphModul
     (``stopped``: the tensors the VJP closes over, which the guard watches too); None where those must run."""
     if forward_ad._current_level >= 0 or not (torch.is_grad_enabled() and x.requires_grad):
         return None
-    if not (plain_like(x, x) and x.dtype in EXACT_DTYPES and x.is_contiguous() and plain_like(y, x)
+    if not (_plain(x, x) and x.dtype in _DTYPES and x.is_contiguous() and _plain(y, x)
             and identity.plainly_eager() and not torch.is_autocast_enabled(x.device.type)):
         return None
     c = factor.forward(x, *constants)  # (its first input, v, unread)
-    finite = (plain_like(c, x) and identity.all_finite(x, c)) if isinstance(c, torch.Tensor) \
+    finite = (_plain(c, x) and identity.all_finite(x, c)) if isinstance(c, torch.Tensor) \
         else (math.isfinite(c) and identity.all_finite(x))
     if not finite:
         return None
