@@ -329,6 +329,32 @@ def test_compiled_the_function_serves_reverse_mode_alone_and_each_transform_gets
     assert (FUNCTION_APPLIED in set().union(*graphs)) == (mode == "backward")
 
 
+@pytest.mark.parametrize("setting", ["dynamic shapes", "autocast to bfloat16"])
+def test_compiled_the_function_serves_dynamic_shapes_and_autocast(setting):
+    """With symbolic sizes (three sizes, one graph for all) and under CPU autocast (where logaddexp and sigmoid
+    stay float32), the Function stands in, in every graph Dynamo makes, and the gradient is σ(x), the analytic
+    derivative."""
+    from torch._inductor.compile_fx import compile_fx
+
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append({str(node.target) for node in gm.graph.nodes})
+        return compile_fx(gm, inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(_LOG1PEXP, fullgraph=True, backend=backend, dynamic=setting == "dynamic shapes")
+    for n in (3, 5, 7):
+        leaf = torch.linspace(-4.0, 4.0, n).requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setting == "autocast to bfloat16"):
+            out = compiled(leaf)
+        (got,) = torch.autograd.grad(out.sum(), leaf)
+        torch.testing.assert_close(got, torch.sigmoid(leaf.detach()))
+    assert all(FUNCTION_APPLIED in graph for graph in graphs)
+    if setting == "dynamic shapes":
+        assert len(graphs) == 1
+
+
 @pytest.mark.parametrize("use", ["the output changed in place", "x changed in place before backward"])
 def test_compiled_in_place_use_meets_what_the_compiled_ordinary_ops_meet(use, monkeypatch):
     """In place after the call: the output scaled (its gradient scaled), or x changed before the backward (both
