@@ -213,8 +213,8 @@ def test_threads_each_get_the_identitys_gradient():
 
 @pytest.mark.parametrize("mode", ["func.grad", "func.jvp", "compile"])
 def test_transforms_and_compilation_run_the_ordinary_ops(mode, monkeypatch):
-    """Inside torch.func and torch.compile the Function is never applied (its backward and jvp are ours only in
-    plain eager calls)."""
+    """Inside torch.func and torch.compile the eager path's Function is never applied (its backward and jvp are
+    ours only in plain eager calls, for finite values; compiled, the compiled path's Function serves, below)."""
     from stopgrad_math.torch import eager_fast_path
 
     def refuse(*args):
