@@ -255,9 +255,9 @@ def test_compiled_the_identity_gives_the_eager_identitys_bits_over_the_grid(dtyp
         same_bits(got, want)
 
 
-def _compiled_keeping_graphs(fn):
-    """fn under torch.compile(fullgraph=True) with Inductor, and the set of op targets of each graph Dynamo traced
-    (an autograd.Function applied is the ``autograd_function_apply`` higher-order op)."""
+def _compiled_keeping_graphs(fn, **options):
+    """fn under torch.compile(fullgraph=True, **options) with Inductor, and the set of op targets of each graph
+    Dynamo traced (an autograd.Function applied is the ``autograd_function_apply`` higher-order op)."""
     from torch._inductor.compile_fx import compile_fx
 
     graphs = []
@@ -267,7 +267,7 @@ def _compiled_keeping_graphs(fn):
         return compile_fx(gm, inputs)
 
     torch._dynamo.reset()
-    return torch.compile(fn, fullgraph=True, backend=backend), graphs
+    return torch.compile(fn, fullgraph=True, backend=backend, **options), graphs
 
 
 FUNCTION_APPLIED = "autograd_function_apply"
@@ -334,16 +334,7 @@ def test_compiled_the_function_serves_dynamic_shapes_and_autocast(setting):
     """With symbolic sizes (three sizes, one graph for all) and under CPU autocast (where logaddexp and sigmoid
     stay float32), the Function stands in, in every graph Dynamo makes, and the gradient is σ(x), the analytic
     derivative."""
-    from torch._inductor.compile_fx import compile_fx
-
-    graphs = []
-
-    def backend(gm, inputs):
-        graphs.append({str(node.target) for node in gm.graph.nodes})
-        return compile_fx(gm, inputs)
-
-    torch._dynamo.reset()
-    compiled = torch.compile(_LOG1PEXP, fullgraph=True, backend=backend, dynamic=setting == "dynamic shapes")
+    compiled, graphs = _compiled_keeping_graphs(_LOG1PEXP, dynamic=setting == "dynamic shapes")
     for n in (3, 5, 7):
         leaf = torch.linspace(-4.0, 4.0, n).requires_grad_(True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setting == "autocast to bfloat16"):
