@@ -340,15 +340,16 @@ def _compiled_path_in_every_mode(original):
 
 
 def _carried_wherever_compiled(original):
-    """The PyTorch decorator taking forward mode for possible wherever torch.compile traces, as it did: the slope
-    carrier's zero cotangent added to reverse mode's, where the eager ops leave it out."""
+    """Forward mode taken for possible wherever torch.compile traces, as the PyTorch decorator took it: its slope
+    carrier's zero cotangent added to reverse mode's, where the eager ops leave it out (and the identity's compiled
+    fast path never taken)."""
     import torch
 
     return lambda: torch.compiler.is_compiling() or original()
 
 
 def _never_carried(original):
-    """The PyTorch decorator taking forward mode for impossible: no slope carrier where one x and one y meet."""
+    """Forward mode taken for impossible: the PyTorch decorator with no slope carrier where one x and one y meet."""
     return lambda: False
 
 
@@ -448,11 +449,11 @@ MUTANTS = {
         "stopgrad_math.torch.compiled_fast_path", "identity", _compiled_path_in_every_mode,
         (f"{_FAST}::test_compiled_the_function_serves_reverse_mode_alone_and_each_transform_gets_the_ordinary_ops",)),
     "the PyTorch decorator carries its slope wherever compiled": Mutant(
-        "stopgrad_math.torch.decorator_form", "_forward_mode_possible", _carried_wherever_compiled,
+        "stopgrad_math.torch.second_derivative_guard", "forward_mode_possible", _carried_wherever_compiled,
         ("tests/test_torch_decorator_compiled.py::"
          "test_compiled_the_value_and_gradient_are_the_eager_decorators_over_the_grid",)),
     "the PyTorch decorator never carries its slope": Mutant(
-        "stopgrad_math.torch.decorator_form", "_forward_mode_possible", _never_carried,
+        "stopgrad_math.torch.second_derivative_guard", "forward_mode_possible", _never_carried,
         ("tests/test_torch_decorator_form.py::"
          "test_a_one_element_y_keeps_an_infinite_derivative_and_a_larger_y_gets_nan_where_j_is_never_a_silent_zero",)),
     "the PyTorch identity leaves out its selects for a non-finite x": Mutant(

@@ -28,7 +28,6 @@ import math
 from typing import Any
 
 import torch
-import torch.autograd.forward_ad as forward_ad
 
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.torch import eager_fast_path, second_derivative_guard
@@ -62,8 +61,7 @@ def identity(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Tensor, to
     if plain is None:
         return None
     g, x = plain
-    if not (torch.is_grad_enabled() and x.requires_grad) or forward_ad._current_level >= 0 \
-            or second_derivative_guard.in_transform():
+    if not (torch.is_grad_enabled() and x.requires_grad) or second_derivative_guard.forward_mode_possible():
         return None
     result: torch.Tensor = _CompiledIdentity.apply(fx, g, x)  # type: ignore[no-untyped-call]
     return result

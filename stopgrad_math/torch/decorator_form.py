@@ -46,7 +46,6 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
-import torch.autograd.forward_ad as forward_ad
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 from torch.utils import _pytree as pytree
 
@@ -638,17 +637,10 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
         torch.func.vjp(linear, *_zeros_like(outputs.tensors()))[1](zeros)
     # the carrier serves forward mode, and links each output to every x (as a Function's node does): where there
     # is one of each, a proven J·v links them already, and reverse mode alone can leave it out
-    carried = _forward_mode_possible() or len(zeros) > 1 or len(products) > 1
+    carried = second_derivative_guard.forward_mode_possible() or len(zeros) > 1 or len(products) > 1
     return outputs.with_values({
         k: identity.attach(outputs.values[k], [identity.zero_with_derivative_of(p, zeros, carried)])
         for k, p in zip(outputs.differentiable, products, strict=True)})
-
-
-def _forward_mode_possible() -> bool:
-    """Whether forward mode may differentiate what is made now: a forward-mode level or a torch.func transform is
-    active, as Dynamo too sees them while it traces. (A tensor made outside them never gets a tangent, and PyTorch
-    carries no outer level's tangent through a compiled function.)"""
-    return forward_ad._current_level >= 0 or second_derivative_guard.in_transform()
 
 
 def differentiating(args: Sequence[Any]) -> bool:
@@ -656,7 +648,8 @@ def differentiating(args: Sequence[Any]) -> bool:
     mode, a forward-mode level, a torch.func transform, a trace (make_fx's, an outer VJP's) or a compilation.
     Where none is, a decorated call is f's value alone, as a Function's forward without grad, and the VJP is not
     called; the identity form is fx."""
-    if torch.compiler.is_compiling() or _forward_mode_possible() or torch._C._len_torch_dispatch_stack():
+    if torch.compiler.is_compiling() or second_derivative_guard.forward_mode_possible() \
+            or torch._C._len_torch_dispatch_stack():
         return True
     if not torch.is_grad_enabled():
         return False

@@ -74,6 +74,13 @@ def in_transform() -> bool:
     return bool(torch._C._are_functorch_transforms_active())
 
 
+def forward_mode_possible() -> bool:
+    """Whether forward mode may differentiate what is made now: a forward-mode level or a torch.func transform is
+    active, as Dynamo too sees them while it traces. (A tensor made outside them never gets a tangent, and PyTorch
+    carries no outer level's tangent through a compiled function.)"""
+    return forward_ad._current_level >= 0 or in_transform()
+
+
 def check(tensors: Iterable[torch.Tensor], order: int, name: str) -> None:
     """LookupError naming ``order=2`` (or saying that order 2 is exact to the second derivative) where more
     derivatives than ``order`` are being taken of ``tensors``."""
