@@ -116,20 +116,72 @@ def test_gradients_that_call_each_other_in_a_tf1_graph():
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-@custom_gradient
-def doubled(x):
-    return 2 * x, lambda dy: halved_back(dy)
+# Two maps whose gradients are each other on the upstream without end, with y of more than one element: x ↦ A·x
+# with gradient d ↦ Aᵀ·d, and d ↦ Aᵀ·d with gradient u ↦ A·u. A is not square, so a transpose taken the wrong way
+# round fails on shapes or gives another number.
+A = np.array([[1.0, -2.0, 0.5], [3.0, 0.25, -1.0]])  # NumPy: a TF1 graph takes it as a constant
 
 
-@custom_gradient
-def halved_back(d):
-    return 2 * d, lambda dy: doubled(dy)
+def _times_a(grad):
+    return lambda x: (tf.linalg.matvec(A, x), lambda dy: grad(dy))
 
 
-def test_gradients_calling_each_other_on_the_upstream_without_end_raise_a_clear_error():
-    x = tf.constant([1.0, 2.0])
-    with pytest.raises(ValueError, match="8 deep"):
-        vjp(doubled, x)
+def _times_a_transposed(grad):
+    return lambda d: (tf.linalg.matvec(A, d, transpose_a=True), lambda dy: grad(dy))
+
+
+times_a = custom_gradient(_times_a(lambda dy: times_a_transposed(dy)))
+times_a_transposed = custom_gradient(_times_a_transposed(lambda dy: times_a(dy)))
+anchor_times_a = tf.custom_gradient(_times_a(lambda dy: anchor_times_a_transposed(dy)))
+anchor_times_a_transposed = tf.custom_gradient(_times_a_transposed(lambda dy: anchor_times_a(dy)))
+times_a_order_2 = custom_gradient(order=2)(_times_a(lambda dy: times_a_transposed_order_2(dy)))
+times_a_transposed_order_2 = custom_gradient(order=2)(_times_a_transposed(lambda dy: times_a_order_2(dy)))
+
+X3 = tf.constant([0.3, -1.0, 2.0], tf.float64)
+U2 = tf.constant([1.5, -0.5], tf.float64)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_calling_each_other_on_the_upstream_without_end_are_exact_as_tensorflows(mode):
+    """Was refused ("8 deep"): each grad_fn embedded the other's at once. At order 1 a call on the upstream inside
+    a grad_fn is asked for its gradient when a derivative needs it, as TensorFlow's own decorator asks."""
+    tangent = tf.constant([1.0, 2.0, -3.0], tf.float64)
+
+    def derivatives(x):
+        return times_a(x), vjp(times_a, x, U2), jvp(times_a, x, tangent)
+
+    value, gradient, forward = in_mode(derivatives, mode)(X3)
+    np.testing.assert_array_equal(value, tf.linalg.matvec(A, X3))
+    np.testing.assert_allclose(gradient, tf.linalg.matvec(A, U2, transpose_a=True), rtol=1e-15)  # Aᵀ·u
+    np.testing.assert_allclose(forward, tf.linalg.matvec(A, tangent), rtol=1e-15)  # A·t
+    np.testing.assert_array_equal(gradient, in_mode(lambda x: vjp(anchor_times_a, x, U2), mode)(X3))
+
+
+def test_gradients_calling_each_other_on_the_upstream_in_a_tf1_graph():
+    with tf.Graph().as_default():
+        x = tf.constant(X3.numpy())
+        (got,) = tf.gradients(times_a(x), x, grad_ys=tf.constant(U2.numpy()))
+        with tf.compat.v1.Session() as session:
+            got = session.run(got)
+    np.testing.assert_allclose(got, tf.linalg.matvec(A, U2, transpose_a=True), rtol=1e-15)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_calling_each_other_on_the_upstream_at_order_2_have_exact_second_derivatives(mode):
+    """Σ w·(A·x)²: gradient 2·Aᵀ·(w·A·x), Hessian·1 = 2·Aᵀ·(w·A·1). Inside a grad_fn of order 2 calls embed at
+    order 2, a function whose grad_fn is running at order 1, and below that a call on the upstream is deferred."""
+    w = tf.constant([0.5, -2.0], tf.float64)
+    got = in_mode(lambda x: gradient_and_second(lambda v: w * times_a_order_2(v) ** 2, x), mode)(X3)
+    ax = tf.linalg.matvec(A, X3)
+    want_gradient = 2 * tf.linalg.matvec(A, w * ax, transpose_a=True)
+    want_second = 2 * tf.linalg.matvec(A, w * tf.linalg.matvec(A, tf.ones([3], tf.float64)), transpose_a=True)
+    np.testing.assert_allclose(got[0], want_gradient, rtol=1e-14)
+    np.testing.assert_allclose(got[1], want_second, rtol=1e-14)
+
+
+def test_a_second_derivative_through_gradients_calling_each_other_at_order_1_raises_naming_order_2():
+    with pytest.raises(LookupError, match="order=2"):
+        gradient_and_second(lambda v: times_a(v) ** 2, X3)
 
 
 # ---------------------------------------------------------------- grad_fns the tape cannot transpose

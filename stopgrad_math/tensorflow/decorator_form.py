@@ -46,6 +46,7 @@ import tensorflow as tf
 from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.tensorflow import (
     _tf_internal,
+    deferred_calls,
     evaluation,
     gradient_components,
     gradient_layout,
@@ -207,6 +208,16 @@ def _guard_second_derivatives(plan: Plan, terms: dict[int, list[tf.Tensor]]) -> 
         terms.setdefault(i, []).append(identity.cast(guard, plan.outputs.components[i].tensor.dtype))
 
 
+def _inside_a_grad_fn(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                      evaluating: nested_calls.Evaluating, how: nested_calls.Call, require_proof: bool) -> Any:
+    """A decorated call made while a grad_fn runs: on the upstream at order 1 deferred (its gradient asked when
+    needed), else embedded at the order ``inner_order`` gives and kept as one box for the route."""
+    if how is nested_calls.Call.DEFERRED:
+        return deferred_calls.deferred(f, args, kwargs, evaluating)
+    inner = nested_calls.inner_order(f, evaluating)
+    return nested_calls.boxed(evaluating, lambda: _embed(f, args, kwargs, inner, require_proof))
+
+
 def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = False) -> Callable[..., Any]:
     """Returns f with its grad_fn embedded as a linear map.
 
@@ -225,16 +236,16 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
         token = _tf_internal.AUTOGRAPH_STATUS.set(status)
         try:
             evaluating = nested_calls.current()
+            how = nested_calls.how(f, evaluating, args, kwargs)
             # Inside a grad_fn of order 1, a call on constants is f's value alone, which ends a recursion.
-            if not nested_calls.needs_embedding(f, evaluating, args, kwargs):
+            if how is nested_calls.Call.VALUE:
                 return evaluation.call_f(f, args, kwargs)[0]
             with identity.name_scope(scope):
                 if value_only_mode.active():
                     return evaluation.value_alone(f, args, kwargs)
                 if evaluating is None:
                     return _embed(f, args, kwargs, order, check_linearity)
-                inner = nested_calls.inner_order(f, evaluating)
-                return nested_calls.boxed(evaluating, lambda: _embed(f, args, kwargs, inner, check_linearity))
+                return _inside_a_grad_fn(f, args, kwargs, evaluating, how, check_linearity)
         finally:
             _tf_internal.AUTOGRAPH_STATUS.reset(token)
 

@@ -77,11 +77,12 @@ class Plan:
     variables: list[Component]  # read inside f, when grad_fn gives their gradients
     order: int
     boxes: list[transposition.Box] = dataclasses.field(default_factory=list)  # nested decorated calls
+    deferred: bool = False  # a deferred call's (``deferred_calls``): grad_fn runs when a derivative is asked
 
     def gradients(self, upstreams: dict[int, Any]) -> list[Gradient]:
         """grad_fn(upstreams), checked and paired with the components they belong to."""
         variables = [c.value for c in self.variables]
-        with nested_calls.evaluating(self.order, self.boxes, self.f):
+        with nested_calls.evaluating(self.order, self.boxes, self.f, self.deferred):
             grads, variable_grads = grad_fn_conventions.call(self.grad_fn, self.outputs, upstreams, variables)
         pairs = grad_fn_conventions.match(grads, self.arguments)
         if self.variables:
@@ -102,7 +103,9 @@ class Plan:
         return self.outputs.with_tensors(attached)
 
 
-def _outputs(y: Any) -> Flattened:
+def outputs_of(y: Any) -> Flattened:
+    """f's y as components; numbers become tensors so that grad_fn gets an upstream for them, as with
+    tf.custom_gradient."""
     # Numbers become tensors so that grad_fn gets an upstream for them, as with tf.custom_gradient.
     if not isinstance(y, tf.Tensor):  # a lone tensor without nest's cost
         y = tf.nest.map_structure(lambda t: tf.convert_to_tensor(t) if isinstance(t, _NUMBERS) else t, y)
@@ -124,14 +127,14 @@ def evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     with _tf_internal.VariableWatcher() as watcher:
         y, grad_fn = call_f(f, tuple(arguments.with_tensors(at)), kwargs)
     watched = watcher.watched_variables()
-    outputs = _outputs(y)
+    outputs = outputs_of(y)
     if order == 2:  # f ran at the midpoint; its value must not move with it, but must with variables it reads
         y = _stopped(outputs) if not watched else call_f(f, tuple(arguments.with_tensors(stopped)), kwargs)[0]
-        outputs = _outputs(y)
+        outputs = outputs_of(y)
     variables = []
     if watched and signature(grad_fn).takes_variables:
         variables = [gradient_components.of(v.name, v) for v in watched]
-        outputs = _outputs(_stopped(outputs))  # grad_fn gives the variables' gradients: cut autodiff's path to them
+        outputs = outputs_of(_stopped(outputs))  # grad_fn gives the variables' gradients: cut autodiff's path to them
     return Plan(f, outputs, grad_fn, arguments, variables, order)
 
 

@@ -60,13 +60,17 @@ class Finding:
 
 @dataclasses.dataclass(frozen=True)
 class Box:
-    """Ops made by a decorated function called on the upstream inside grad_fn: one call, judged as a whole."""
+    """Ops made by a decorated function called on the upstream inside grad_fn: one call. An embedded call is
+    judged as a whole (its own grad_fn, not its ops, is its gradient); a ``deferred`` one is the custom gradient
+    op alone (``deferred_calls``), through which the upstream passes where it reaches it: f's ops before it are
+    read as any others."""
 
     ops: frozenset[tf.Operation]
+    deferred: bool = False
 
 
-_BOX = Verdict(Kind.OPAQUE, "a decorated function called on the upstream: its own grad_fn, not its ops, is "
-                            "its gradient")
+_BOX = Verdict(Kind.OPAQUE, "a decorated function called on the upstream with a variable, ragged or sparse "
+                            "argument: its own grad_fn, not its ops, is its gradient")
 _CALLS = frozenset({"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase", "PartitionedCall",
                     "StatefulPartitionedCall"})
 
@@ -89,17 +93,24 @@ _CONSTANT = Verdict(Kind.NONLINEAR, "it does not depend on the upstream, and is 
                                     "tracing: an affine map")
 
 
+def replicated() -> bool:
+    """In a replica context (``tf.distribute``), grad_fn(1) and grad_fn on unit upstreams are not rows of J:
+    a collective in grad_fn maps every replica's upstream, not this replica's alone. J·v is the transpose then,
+    through the collective's own gradient (an all-reduce's is an all-reduce)."""
+    return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+
+
 def _all_reduces_transposed(verdicts: list[tuple[tf.Operation, Finding]],
                             ops: set[tf.Operation]) -> list[tuple[tf.Operation, Finding]]:
     """The verdicts, less each collective wrapped in a custom gradient and that custom gradient: TensorFlow's
     all-reduce in a replica context (``tf.distribute``), whose gradient, an all-reduce of every replica's
     upstream, is its exact transpose. Unit upstreams cannot stand in for it (each replica would see only its
     own), so it must take the transpose route."""
-    replicated = tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+    in_replica = replicated()
     covered: set[tf.Operation] = set()
     for op, finding in verdicts:
         if finding.verdict is linear_ops.CUSTOM_GRADIENT:
-            collectives = {a for a in _ancestors(list(op.inputs), ops) if _is_collective(a, replicated)}
+            collectives = {a for a in _ancestors(list(op.inputs), ops) if _is_collective(a, in_replica)}
             if collectives:
                 covered |= {op, *collectives}
     return [(op, finding) for op, finding in verdicts if op not in covered]
@@ -156,6 +167,11 @@ class _Walk:
         if box in self._boxes_seen:
             return
         self._boxes_seen.add(box)
+        if box.deferred:  # IdentityN: each output is its input
+            (op,) = box.ops
+            self.carrying.update(out.ref() for t, out in zip(op.inputs, op.outputs, strict=True)
+                                 if t.ref() in self.carrying)
+            return
         inputs = [t for op in box.ops for t in op.inputs if t.op not in box.ops]
         if any(t.ref() in self.carrying for t in inputs):
             self._found(next(iter(box.ops)), _BOX)

@@ -1,0 +1,88 @@
+"""A decorated call on the upstream inside a grad_fn of order 1: TensorFlow's custom gradient, asked when needed.
+
+The decorator calls grad_fn when f is called, so a decorated call inside a
+grad_fn is made then too. Embedding it would call its own grad_fn at once,
+and grad_fns that call each other on the upstream (a psum whose gradient is
+a broadcast whose gradient is a psum) would never end. At order 1 nothing
+needs that call's derivative but the transpose of the grad_fn that makes
+it, and the first derivative of J·v built from it: both are reverse- or
+forward-mode products of a linear map, which TensorFlow's own custom
+gradient gives when it is asked, as ``tf.custom_gradient`` gives them to
+TFP:
+
+  reverse mode      the call's grad_fn on the cotangent, called when the
+                    backward pass reaches it (decorated calls on its
+                    upstream there are deferred again, so the chain ends
+                    where the derivatives asked for end)
+  forward mode      autodiff of f's own ops (TensorFlow's rule for a
+                    custom gradient), equal to the product with J where f
+                    is linear in that argument
+
+While tracing, the call is kept as a deferred ``transposition.Box``: the
+route reads f's own ops on the upstream, which must be linear for the
+calling grad_fn to be, and passes the upstream through the custom gradient
+op itself. Variables and ragged or sparse values are embedded as before
+(``nested_calls``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from stopgrad_math.shared import arguments as arguments_of
+from stopgrad_math.shared.grad_fn_signature import signature
+from stopgrad_math.tensorflow import evaluation, gradient_components, nested_calls, transposition
+from stopgrad_math.tensorflow.evaluation import Plan
+from stopgrad_math.tensorflow.gradient_components import Flattened
+
+_VARIABLES = ("{name} reads variables and is called on the upstream inside another grad_fn, where its gradient is "
+              "TensorFlow's custom gradient: its grad_fn must take `variables` and return their gradients, as "
+              "tf.custom_gradient asks.")
+
+
+def deferred(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             evaluating: nested_calls.Evaluating) -> Any:
+    """f's value, with a custom gradient that calls f's grad_fn when a derivative is asked (module docstring)."""
+    args, kwargs = arguments_of.positional(f, args, kwargs)
+    arguments = Flattened.of(list(args), "args")
+    index = arguments.differentiable
+    made: list[Flattened] = []  # the outputs, as f returned them
+
+    @tf.custom_gradient  # type: ignore[untyped-decorator]
+    def call(*tensors: tf.Tensor) -> tuple[list[tf.Tensor], Callable[..., Any]]:
+        y, grad_fn = evaluation.call_f(f, tuple(arguments.with_tensors(dict(zip(index, tensors, strict=True)))),
+                                       kwargs)
+        outputs = evaluation.outputs_of(y)
+        made.append(outputs)
+
+        def gradients(*upstreams: tf.Tensor | None, variables: list[tf.Variable] | None = None) -> Any:
+            read = [gradient_components.of(v.name, v) for v in variables or []]
+            if read and not signature(grad_fn).takes_variables:
+                raise ValueError(_VARIABLES.format(name=getattr(f, "__name__", repr(f))))
+            plan = Plan(f, outputs, grad_fn, arguments, read, order=1, deferred=True)
+            dense = {i: tf.zeros_like(outputs.components[i].tensor) if u is None else u
+                     for i, u in zip(outputs.differentiable, upstreams, strict=True)}
+            found = {g.component.name: g for g in plan.gradients_at(dense)}
+            of_arguments = [_tensor(found.get(arguments.components[i].name)) for i in index]
+            if variables is None:
+                return of_arguments
+            return of_arguments, [_tensor(found.get(c.name)) for c in read]
+
+        return [outputs.components[i].tensor for i in outputs.differentiable], gradients
+
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    results = call(*[arguments.components[i].tensor for i in index])
+    outputs = made[-1]
+    if graph is not None and results:
+        evaluating.boxes.append(transposition.Box(frozenset({results[0].op}), deferred=True))
+    return outputs.with_tensors(dict(zip(outputs.differentiable, results, strict=True)))
+
+
+def _tensor(gradient: Any) -> Any:
+    """A checked gradient as TensorFlow takes it back: dense, tf.IndexedSlices, or None."""
+    if gradient is None or gradient.indices is None:
+        return None if gradient is None else gradient.values
+    return tf.IndexedSlices(gradient.values, gradient.indices, tf.shape(gradient.component.unread, tf.int64))
