@@ -80,7 +80,7 @@ def tested_route(plan: Plan, one_element: bool, small: bool) -> transposition.Ro
     probe = evaluation.probe(plan, persistent=True)
     check_at_zero([g.values for g in probe.gradients], [g.name for g in probe.gradients])
     try:
-        _dot_product_test(plan, probe)
+        (_transpose_of_transpose_test if transposition.replicated() else _dot_product_test)(plan, probe)
     except Untransposable as reason:
         if not small:
             raise ValueError(transposition.OPAQUE_MESSAGE.format(reason=reason)) from None
@@ -106,3 +106,35 @@ def _dot_product_test(plan: Plan, probe: Probe) -> None:
     mismatch = transposition.dot_product_mismatch(pairs_t, pairs_d, dtype)
     if mismatch is not None:
         raise Untransposable(mismatch)
+
+
+def _transpose_of_transpose_test(plan: Plan, probe: Probe) -> None:
+    """In a replica context: T'(b) = grad_fn(b) for a random b, T' the tape's transpose of T, T the tape's
+    transpose of grad_fn; else Untransposable. Each replica compares its own vectors.
+
+    What the route needs is that a backward pass through J·v = T(v) gives grad_fn: that T' is grad_fn. The
+    dot-product test is that condition for one inner product over every replica's values, which declared
+    gradients need not follow: TFP's reduce-without-broadcast psum counts its result once, not once per
+    replica, and its declared gradient is the identity.
+    """
+    connected = probe.connected
+    a = [tf.zeros_like(g.values) for g in connected]  # T is linear: T' is the same at any a
+    b = {i: random_like(w, [2, k]) for k, (i, w) in enumerate(probe.upstreams.items())}
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(a)
+        transposed = probe.transposed(connected, a)
+    pairs = [(t, b_i) for t, b_i in zip(transposed, b.values(), strict=True) if t is not None]
+    back = tape.gradient([t for t, _ in pairs], a, output_gradients=[b_i for _, b_i in pairs]) if pairs else a
+    direct = {g.name: g.values for g in plan.gradients_at(b)}
+    if any(np.any(np.asarray(direct[g.name]) != 0) for g in probe.gradients if g not in connected):
+        raise Untransposable("grad_fn computes part of its result where no tape records it")
+    dtype = plan.outputs.components[plan.outputs.differentiable[0]].tensor.dtype
+    for g, got in zip(connected, back, strict=True):
+        want = np.asarray(direct[g.name])
+        got = np.zeros_like(want) if got is None else np.asarray(got)
+        if not (np.all(np.isfinite(got)) and np.all(np.isfinite(want))):
+            raise Untransposable("its values are not finite at the sample, so the transpose's transpose compares "
+                                 "nothing")
+        scale = max(float(np.max(np.abs(want), initial=0.0)), np.finfo(np.float64).tiny)
+        if np.max(np.abs(got - want), initial=0.0) > tolerances.rtol(dtype, "transpose") * scale:
+            raise Untransposable("the tape sees only part of it (the transpose of its transpose is not grad_fn)")

@@ -80,14 +80,7 @@ def one_element(plan: Plan) -> bool:
     output = plan.outputs.components[differentiable[0]]
     if not (isinstance(output.value, tf.Tensor) and output.value.shape.num_elements() == 1):
         return False
-    return _real_or_all_complex(plan, differentiable[0]) and not replicated()
-
-
-def replicated() -> bool:
-    """In a replica context (``tf.distribute``), grad_fn(1) and grad_fn on unit upstreams are not rows of J:
-    a collective in grad_fn maps every replica's upstream, not this replica's alone. J·v is the transpose then,
-    through the collective's own gradient (an all-reduce's is an all-reduce)."""
-    return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+    return _real_or_all_complex(plan, differentiable[0]) and not transposition.replicated()
 
 
 def _small(plan: Plan) -> bool:
@@ -96,7 +89,7 @@ def _small(plan: Plan) -> bool:
     outputs = [plan.outputs.components[i] for i in plan.outputs.differentiable]
     sizes = [c.value.shape.num_elements() if isinstance(c.value, tf.Tensor) else None for c in outputs]
     known = [n for n in sizes if n is not None]
-    if len(known) < len(sizes) or sum(known) > transposition.SMALL_Y or replicated():
+    if len(known) < len(sizes) or sum(known) > transposition.SMALL_Y or transposition.replicated():
         return False
     return all(_real_or_all_complex(plan, i) for i in plan.outputs.differentiable)
 
@@ -117,7 +110,7 @@ def _eager_signature(plan: Plan, kwargs: dict[str, Any], require_proof: bool) ->
     if kwargs:
         return None
     specs = tuple(_spec(c) for c in plan.arguments.components + plan.outputs.components)
-    key = function_identity.key(plan.f), plan.order, require_proof, replicated(), specs
+    key = function_identity.key(plan.f), plan.order, require_proof, transposition.replicated(), specs
     try:
         hash(key)
     except TypeError:  # a NumPy array, a list
