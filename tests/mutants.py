@@ -161,6 +161,12 @@ def _never_replicated(original):
     return lambda: False
 
 
+def _differentiated_by_its_own_ops(original):
+    from stopgrad_math.tensorflow import evaluation
+
+    return lambda f, args, kwargs, evaluating: evaluation.call_f(f, args, kwargs)[0]  # the declared gradient lost
+
+
 def _no_slope_carrier(original):
     import torch
     return lambda g, finite_g, zero: torch.zeros((), dtype=zero.dtype)  # an inf gx's derivative: a silent 0
@@ -494,8 +500,11 @@ MUTANTS = {
         "stopgrad_math.keras.identity_form", "in_keras_conventions", _upstream_never_by_keyword,
         ("tests/test_keras.py::test_the_keras_namespace_on_each_backend",)),
     "a replica context takes grad_fn(1) for J": Mutant(
-        "stopgrad_math.tensorflow.routes", "replicated", _never_replicated,
-        (f"{_INSIDE_TFP}::test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise",)),
+        "stopgrad_math.tensorflow.transposition", "replicated", _never_replicated,
+        (f"{_INSIDE_TFP}::test_tfps_collective_cases_on_two_replicas_are_exact_as_tfps[eager]",)),
+    "a deferred call inside a grad_fn is differentiated by f's own ops": Mutant(
+        "stopgrad_math.tensorflow.deferred_calls", "deferred", _differentiated_by_its_own_ops,
+        (f"{_INSIDE_TFP}::test_tfps_collective_cases_on_two_replicas_are_exact_as_tfps[function]",)),
 }
 
 ENVIRONMENT = "STOPGRAD_MUTANT"

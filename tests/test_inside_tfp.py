@@ -5,8 +5,8 @@ call other decorated functions: Student-t's CDF gradient differentiates betainc 
 inside its grad_fn (a tape in eager mode, ``tf.gradients`` in a graph); a Bessel function's gradient calls
 itself at order v ± 1; von Mises' sample gradient is implicit; mixture-same-family puts ``PreventGradient`` on
 the upstream; the sharded log-prob parts pair a psum whose gradient is a broadcast with a broadcast whose
-gradient is a psum. ``test_tfp_sweep`` runs every function that reaches the factory; this module holds the cases
-that once regressed, and the limits.
+gradient is a psum (``tfp_distributed_cases.py``, on two replicas). ``test_tfp_sweep`` runs every function that
+reaches the factory; this module holds the cases that once regressed, and the limits.
 """
 
 import os
@@ -17,7 +17,6 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 import tfp_inside
 from helpers import COMPILED_ULPS, MODES
-from tensorflow_probability.python.internal import distribute_lib
 from tfp_patch import on_the_library
 
 tfd = tfp.distributions
@@ -181,63 +180,60 @@ def test_eager_calls_after_the_first_trace_nothing(monkeypatch):
     assert first >= 1 and len(traced) == first
 
 
-# ---------------------------------------------------------------- the sharded log-prob parts in a replica context
+# ---------------------------------------------------------------- TFP's collective cases in a replica context
+
+_FORWARD = "global and local variables, forward mode"
 
 
-def _sharded_log_prob_gradient(mode):
-    """TFP's LogProbPartsTest with a global w and a local x on two replicas: each replica's gradient for w is the
-    sum over replicas (-2 here), for x its own."""
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-
-    def replica(w, x, data):
-        def parts(values):
-            w, x, data = values
-            return [tfd.Normal(0.0, 1.0).log_prob(w), tfd.Normal(w, 1.0).log_prob(x),
-                    tfd.Normal(x, 1.0).log_prob(data)]
-
-        def log_prob(w, x):
-            sharded = distribute_lib.make_sharded_log_prob_parts(parts, [None, "i", "i"])
-            return tf.add_n(sharded([w, x, data]))
-
-        return tfp.math.value_and_gradient(log_prob, [w, x])[1]
-
-    x = strategy.experimental_distribute_values_from_function(
-        lambda context: tf.cast(context.replica_id_in_sync_group, tf.float32))
-    data = strategy.experimental_distribute_values_from_function(lambda context: tf.constant(2.0))
-    run = replica if mode == "eager" else tf.function(replica, autograph=False)
-    gradients = strategy.run(run, (tf.constant(1.0), x, data))
-    return [[float(v) for v in strategy.experimental_local_results(g)] for g in gradients]
-
-
-_SHARDED = """
-import conftest  # two logical CPUs
-import pytest, test_inside_tfp as t
-from tfp_patch import on_the_library
-assert t._sharded_log_prob_gradient({mode!r}) == [[-2.0, -2.0], [3.0, 1.0]]  # TFP's own, and the truth
-with on_the_library(), pytest.raises(ValueError, match="call each other on the upstream"):
-    t._sharded_log_prob_gradient({mode!r})
-print("refused")
-"""
-
-
-@pytest.mark.parametrize("mode", ["eager", "function"])
-def test_sharded_log_prob_parts_in_a_replica_context_are_exact_or_raise(mode):
-    """Was silently each replica's own gradient for w ([-3, -1]) in eager mode. grad_fn(1) is not J where
-    grad_fn holds a collective, so a replica context takes the transpose; TFP's psum and broadcast call each
-    other on the upstream there without end, which the decorator refuses by name. The truth: d/dw = -w +
-    Σ(x - w) = -1 - 1 + 0 on each replica; d/dx = (data - x) - (x - w), each replica's own.
-
-    In a process of its own: an error raised between an eager replica's collectives leaves TensorFlow's
-    collective executor cancelled for every later MirroredStrategy run in the process."""
+def _collective_cases(mode, tmp_path):
+    """``tfp_distributed_cases.py`` in a process of its own (its docstring says why): name → truth, TFP's numbers
+    and ours, each one list per replica (or the error raised)."""
+    import json
     import pathlib
     import subprocess
     import sys
 
     tests = pathlib.Path(__file__).parent
+    out = tmp_path / f"{mode}.json"
     path = os.pathsep.join([str(tests), str(tests.parent / "benchmarks")])
-    result = subprocess.run([sys.executable, "-c", _SHARDED.format(mode=mode)], capture_output=True, text=True,
-                            cwd=tests, env={**os.environ, "PYTHONPATH": path}, check=False, timeout=300)
-    assert result.stdout.strip().endswith("refused"), result.stderr[-3000:]
+    result = subprocess.run([sys.executable, str(tests / "tfp_distributed_cases.py"), mode, str(out)],
+                            capture_output=True, text=True, cwd=tests, env={**os.environ, "PYTHONPATH": path},
+                            check=False, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _assert_rows_close(got, want, rtol, name):
+    assert isinstance(got, list), f"{name}: {got}"
+    assert len(got) == len(want), name
+    for got_row, want_row in zip(got, want, strict=True):
+        for g, w in zip(got_row, want_row, strict=True):
+            np.testing.assert_allclose(np.asarray(g, float), np.asarray(w, float), rtol=rtol, atol=1e-14,
+                                       err_msg=name)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "tf1"])
+def test_tfps_collective_cases_on_two_replicas_are_exact_as_tfps(mode, tmp_path):
+    """TFP's distribute_lib and generic collective cases (sharded log-prob parts with global and local variables,
+    a dict, a batch, an integer variable, disconnected variables; psum functions; reductions with collectives)
+    through the decorator in TFP's factory: the truth on every replica, as TFP as it is. They were refused
+    ("8 deep": psum's gradient is a broadcast whose gradient is a psum) in graphs, and in eager mode each
+    replica got its own gradient for a global variable, silently, before that. Truth: plain autodiff of the
+    formula summed over the replicas' rows, on one device.
+
+    The stated limit, TensorFlow's: under tf.function and in a TF1 graph, forward mode through a replica
+    context's all-reduce carries no tangent (a bare ``all_reduce`` alike), so the forward-mode case gets only the
+    global variable's own part, with TFP as it is as with the library."""
+    found = _collective_cases(mode, tmp_path)
+    assert len(found) == 17
+    for name, case in found.items():
+        if name == _FORWARD and mode != "eager":
+            truth_without_collectives = [[-0.5]] * 2  # (d/dw log N(w; 0, 1) = −w = −1) · (t_w = 0.5)
+            _assert_rows_close(case["tfp"], truth_without_collectives, 1e-14, name)
+            _assert_rows_close(case["ours"], truth_without_collectives, 1e-14, name)
+            continue
+        _assert_rows_close(case["ours"], case["truth"], 1e-12, name)
+        _assert_rows_close(case["ours"], case["tfp"], 1e-12, name)
 
 
 def test_student_t_cdf_second_derivative_at_order_2_differentiates_betaincs_gradient_to_second_order():
