@@ -184,6 +184,25 @@ def test_a_second_derivative_through_gradients_calling_each_other_at_order_1_rai
         gradient_and_second(lambda v: times_a(v) ** 2, X3)
 
 
+SCALE = tf.Variable(3.0, dtype=tf.float64)
+scaled_with_variables = custom_gradient(
+    lambda d: (SCALE * d, lambda dy, variables=None: (SCALE * dy, [tf.reduce_sum(d * dy)])))
+scaled = custom_gradient(lambda d: (SCALE * d, lambda dy: SCALE * dy))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("inner", [scaled_with_variables, scaled], ids=["grad_fn takes variables", "it does not"])
+def test_a_deferred_call_that_reads_a_variable(mode, inner):
+    """A call on the upstream inside a grad_fn whose f reads a variable: tf.custom_gradient asks its grad_fn to take
+    `variables`; at order 1 nothing needs that derivative (J·v is linear in a vector that is zero), so one that
+    does not take them is not refused. y = 2·x with J = 2·scale as grad_fn says: the gradient is 6·u."""
+    outer = custom_gradient(lambda x: (6.0 * x, lambda dy: 2.0 * inner(dy)))
+    x, upstream = tf.constant([1.0, 2.0], tf.float64), tf.constant([1.0, -0.5], tf.float64)
+    got = in_mode(lambda x: (vjp(outer, x, upstream), jvp(outer, x, upstream)), mode)(x)
+    np.testing.assert_array_equal(got[0], 6.0 * upstream)
+    np.testing.assert_array_equal(got[1], 6.0 * upstream)
+
+
 # ---------------------------------------------------------------- grad_fns the tape cannot transpose
 # For a y of more than one element J·v is read off grad_fn by differentiating it with respect to the upstream.
 # Where that cannot see the whole of grad_fn, a y of at most 16 elements gets J from grad_fn on unit upstreams;

@@ -38,10 +38,6 @@ from stopgrad_math.tensorflow import evaluation, gradient_components, nested_cal
 from stopgrad_math.tensorflow.evaluation import Plan
 from stopgrad_math.tensorflow.gradient_components import Flattened
 
-_VARIABLES = ("{name} reads variables and is called on the upstream inside another grad_fn, where its gradient is "
-              "TensorFlow's custom gradient: its grad_fn must take `variables` and return their gradients, as "
-              "tf.custom_gradient asks.")
-
 
 def deferred(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              evaluating: nested_calls.Evaluating) -> Any:
@@ -59,9 +55,8 @@ def deferred(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
         made.append(outputs)
 
         def gradients(*upstreams: tf.Tensor | None, variables: list[tf.Variable] | None = None) -> Any:
-            read = [gradient_components.of(v.name, v) for v in variables or []]
-            if read and not signature(grad_fn).takes_variables:
-                raise ValueError(_VARIABLES.format(name=getattr(f, "__name__", repr(f))))
+            takes_variables = variables is not None and signature(grad_fn).takes_variables
+            read = [gradient_components.of(v.name, v) for v in variables or []] if takes_variables else []
             plan = Plan(f, outputs, grad_fn, arguments, read, order=1, deferred=True)
             dense = {i: tf.zeros_like(outputs.components[i].tensor) if u is None else u
                      for i, u in zip(outputs.differentiable, upstreams, strict=True)}
@@ -69,6 +64,8 @@ def deferred(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
             of_arguments = [_tensor(found.get(arguments.components[i].name)) for i in index]
             if variables is None:
                 return of_arguments
+            if not takes_variables:  # a derivative of J·v, linear in a vector that is zero: none w.r.t. variables
+                return of_arguments, [None] * len(variables)
             return of_arguments, [_tensor(found.get(c.name)) for c in read]
 
         return [outputs.components[i].tensor for i in outputs.differentiable], gradients
