@@ -161,6 +161,10 @@ def _never_replicated(original):
     return lambda: False
 
 
+def _passes_everything(original):
+    return lambda plan, probe: None
+
+
 def _differentiated_by_its_own_ops(original):
     from stopgrad_math.tensorflow import evaluation
 
@@ -502,6 +506,10 @@ MUTANTS = {
     "a replica context takes grad_fn(1) for J": Mutant(
         "stopgrad_math.tensorflow.transposition", "replicated", _never_replicated,
         (f"{_INSIDE_TFP}::test_tfps_collective_cases_on_two_replicas_are_exact_as_tfps[eager]",)),
+    "an eager replica context trusts an untraceable grad_fn's transpose": Mutant(
+        "stopgrad_math.tensorflow.numerical_linearity", "_transpose_of_transpose_test", _passes_everything,
+        ("tests/test_proven_transpose.py::"
+         "test_a_collective_in_grad_fn_with_a_stop_on_its_upstream_is_refused_in_an_eager_replica_context",)),
     "a deferred call inside a grad_fn is differentiated by f's own ops": Mutant(
         "stopgrad_math.tensorflow.deferred_calls", "deferred", _differentiated_by_its_own_ops,
         (f"{_INSIDE_TFP}::test_tfps_collective_cases_on_two_replicas_are_exact_as_tfps[function]",)),

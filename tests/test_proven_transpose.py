@@ -133,6 +133,25 @@ def test_a_collective_in_grad_fn_under_mirrored_strategy_as_tfps_sharded_log_pro
     np.testing.assert_array_equal(got, run(tf.custom_gradient))
 
 
+def test_a_collective_in_grad_fn_with_a_stop_on_its_upstream_is_refused_in_an_eager_replica_context():
+    """Eagerly, a grad_fn holding an all-reduce cannot be traced (merge_call refuses a nested graph), so its
+    transpose is tested numerically: the transpose of the transpose must be grad_fn. Here a stopped term of the
+    upstream is invisible to the tape; taken for the transpose, each replica's gradient would be the all-reduced
+    weights alone, [11, 22, 33], where grad_fn says [12, 24, 36] and [21, 42, 63]."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+    @custom_gradient
+    def summed(x):
+        context = tf.distribute.get_replica_context()
+        return context.all_reduce("sum", x) + x, lambda dy: context.all_reduce("sum", dy) + tf.stop_gradient(dy)
+
+    def replica(x):
+        return vjp(lambda v: _replica_loss(summed, v), x)
+
+    with pytest.raises(ValueError, match="transpose of its transpose"):
+        strategy.run(replica, (tf.ones([3]),))
+
+
 def test_a_collective_in_grad_fn_under_mirrored_strategy_does_not_compile_with_xla():
     """TensorFlow's limit, not the library's: XLA compiles neither decorator's replica all-reduce here."""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

@@ -70,10 +70,9 @@ def deferred(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
 
         return [outputs.components[i].tensor for i in outputs.differentiable], gradients
 
-    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
     results = call(*[arguments.components[i].tensor for i in index])
     outputs = made[-1]
-    if graph is not None and results:
+    if results and not tf.executing_eagerly():
         evaluating.boxes.append(transposition.Box(frozenset({results[0].op}), deferred=True))
     return outputs.with_tensors(dict(zip(outputs.differentiable, results, strict=True)))
 

@@ -106,7 +106,6 @@ class Plan:
 def outputs_of(y: Any) -> Flattened:
     """f's y as components; numbers become tensors so that grad_fn gets an upstream for them, as with
     tf.custom_gradient."""
-    # Numbers become tensors so that grad_fn gets an upstream for them, as with tf.custom_gradient.
     if not isinstance(y, tf.Tensor):  # a lone tensor without nest's cost
         y = tf.nest.map_structure(lambda t: tf.convert_to_tensor(t) if isinstance(t, _NUMBERS) else t, y)
     return Flattened.of(y, "y")
