@@ -157,6 +157,29 @@ def test_gradients_calling_each_other_on_the_upstream_without_end_are_exact_as_t
     np.testing.assert_array_equal(gradient, in_mode(lambda x: vjp(anchor_times_a, x, U2), mode)(X3))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_calling_each_other_on_the_upstream_give_the_jacobian(mode):
+    """tape.jacobian vectorizes the backward pass (pfor) through the deferred calls' custom gradients."""
+    def jacobian(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = times_a(x)
+        return tape.jacobian(y, x)
+
+    np.testing.assert_allclose(in_mode(jacobian, mode)(X3), A, rtol=1e-15)
+
+
+def test_gradients_calling_each_other_on_the_upstream_through_a_reloaded_saved_model(tmp_path):
+    """The deferred calls are TensorFlow custom gradients inside the saved graph: a reloaded SavedModel keeps them."""
+    module = tf.Module()
+    module.f = tf.function(times_a, input_signature=[tf.TensorSpec([3], tf.float64)])
+    tf.saved_model.save(module, str(tmp_path))
+    reloaded = tf.saved_model.load(str(tmp_path))
+    tangent = tf.constant([1.0, 2.0, -3.0], tf.float64)
+    np.testing.assert_allclose(vjp(reloaded.f, X3, U2), tf.linalg.matvec(A, U2, transpose_a=True), rtol=1e-15)
+    np.testing.assert_allclose(jvp(reloaded.f, X3, tangent), tf.linalg.matvec(A, tangent), rtol=1e-15)
+
+
 def test_gradients_calling_each_other_on_the_upstream_in_a_tf1_graph():
     with tf.Graph().as_default():
         x = tf.constant(X3.numpy())
