@@ -92,20 +92,32 @@ def _dot_product_test(plan: Plan, probe: Probe) -> None:
     """⟨T(a), b⟩ = ⟨a, grad_fn(b)⟩ for random a, b, T the tape's transpose; else Untransposable."""
     connected = probe.connected
     a = [random_like(g.values, [1, k]) for k, g in enumerate(connected)]
-    b = {i: random_like(w, [2, k]) for k, (i, w) in enumerate(probe.upstreams.items())}
+    b = _random_upstreams(probe)
     with _tf_internal.stop_recording():  # numbers to compare, nothing for the caller's tapes to keep
         transposed = probe.transposed(connected, a)
-    # Not under stop_recording, which would stop the tapes grad_fn makes itself (a nested derivative).
-    direct = {g.name: g.values for g in plan.gradients_at(b)}
+    direct = _grad_fn_at(plan, probe, b)
     pairs_t = [(t, b_i) for t, b_i in zip(transposed, b.values(), strict=True) if t is not None]
     pairs_d = [(a_g, direct[g.name]) for a_g, g in zip(a, connected, strict=True)]
-    unconnected = [direct[g.name] for g in probe.gradients if g not in connected]
-    dtype = plan.outputs.components[plan.outputs.differentiable[0]].tensor.dtype
-    if any(np.any(np.asarray(u) != 0) for u in unconnected):
-        raise Untransposable("grad_fn computes part of its result where no tape records it")
-    mismatch = transposition.dot_product_mismatch(pairs_t, pairs_d, dtype)
+    mismatch = transposition.dot_product_mismatch(pairs_t, pairs_d, _dtype(plan))
     if mismatch is not None:
         raise Untransposable(mismatch)
+
+
+def _random_upstreams(probe: Probe) -> dict[int, tf.Tensor]:
+    return {i: random_like(w, [2, k]) for k, (i, w) in enumerate(probe.upstreams.items())}
+
+
+def _grad_fn_at(plan: Plan, probe: Probe, upstreams: dict[int, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """grad_fn on ``upstreams``, by component; Untransposable where a part no tape records is not zero."""
+    # Not under stop_recording, which would stop the tapes grad_fn makes itself (a nested derivative).
+    direct = {g.name: g.values for g in plan.gradients_at(upstreams)}
+    if any(np.any(np.asarray(direct[g.name]) != 0) for g in probe.gradients if g not in probe.connected):
+        raise Untransposable("grad_fn computes part of its result where no tape records it")
+    return direct
+
+
+def _dtype(plan: Plan) -> tf.DType:
+    return plan.outputs.components[plan.outputs.differentiable[0]].tensor.dtype
 
 
 def _transpose_of_transpose_test(plan: Plan, probe: Probe) -> None:
@@ -119,16 +131,14 @@ def _transpose_of_transpose_test(plan: Plan, probe: Probe) -> None:
     """
     connected = probe.connected
     a = [tf.zeros_like(g.values) for g in connected]  # T is linear: T' is the same at any a
-    b = {i: random_like(w, [2, k]) for k, (i, w) in enumerate(probe.upstreams.items())}
-    with tf.GradientTape(persistent=True) as tape:
+    b = _random_upstreams(probe)
+    with tf.GradientTape() as tape:
         tape.watch(a)
         transposed = probe.transposed(connected, a)
     pairs = [(t, b_i) for t, b_i in zip(transposed, b.values(), strict=True) if t is not None]
     back = tape.gradient([t for t, _ in pairs], a, output_gradients=[b_i for _, b_i in pairs]) if pairs else a
-    direct = {g.name: g.values for g in plan.gradients_at(b)}
-    if any(np.any(np.asarray(direct[g.name]) != 0) for g in probe.gradients if g not in connected):
-        raise Untransposable("grad_fn computes part of its result where no tape records it")
-    dtype = plan.outputs.components[plan.outputs.differentiable[0]].tensor.dtype
+    direct = _grad_fn_at(plan, probe, b)
+    rtol = tolerances.rtol(_dtype(plan), "transpose")
     for g, got in zip(connected, back, strict=True):
         want = np.asarray(direct[g.name])
         got = np.zeros_like(want) if got is None else np.asarray(got)
@@ -136,5 +146,5 @@ def _transpose_of_transpose_test(plan: Plan, probe: Probe) -> None:
             raise Untransposable("its values are not finite at the sample, so the transpose's transpose compares "
                                  "nothing")
         scale = max(float(np.max(np.abs(want), initial=0.0)), np.finfo(np.float64).tiny)
-        if np.max(np.abs(got - want), initial=0.0) > tolerances.rtol(dtype, "transpose") * scale:
+        if np.max(np.abs(got - want), initial=0.0) > rtol * scale:
             raise Untransposable("the tape sees only part of it (the transpose of its transpose is not grad_fn)")
