@@ -140,7 +140,7 @@ REDUCTIONS = ["reduce_sum", "reduce_mean", "reduce_logsumexp", "generic reduce_w
 X_REDUCED = np.arange(REPLICAS * 6, dtype=np.float64).reshape(REPLICAS, 3, 2) / 5
 
 
-def cases() -> dict[str, tuple[Callable[..., Any], tuple[np.ndarray | None, ...], tuple[Any, ...], Any]]:
+def cases() -> dict[str, tuple[Callable[..., Any], tuple[bool, ...], tuple[Any, ...], Any]]:
     """name → (replica function, which arguments are sharded (their rows) or global, the arguments, the truth
     as one value per replica). The truths are plain autodiff on one device, of the formula summed over the
     replicas' rows."""
