@@ -42,12 +42,13 @@ AWKWARD = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25, 3e4, 1e-30]
 @st.composite
 def elementwise_cases(draw):
     """(value, derivative, x) of one shape and one of the half, bfloat16 and single dtypes: the first two from
-    AWKWARD, x finite or inf."""
+    AWKWARD, x finite, ±inf or NaN."""
     dtype = draw(st.sampled_from([jnp.float16, jnp.bfloat16, jnp.float32]))
     shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3))
     values = st.sampled_from(AWKWARD)
     value, derivative = (np.array(draw(hnp.arrays(np.float64, shape, elements=values)), dtype) for _ in range(2))
-    x = np.array(draw(hnp.arrays(np.float64, shape, elements=st.sampled_from([0.5, -1.0, 2.0, np.inf]))), dtype)
+    xs = st.sampled_from([0.5, -1.0, 2.0, np.inf, -np.inf, np.nan])
+    x = np.array(draw(hnp.arrays(np.float64, shape, elements=xs)), dtype)
     return value, derivative, x
 
 

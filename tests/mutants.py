@@ -369,6 +369,30 @@ def _always_finite(original):
     return lambda t: True
 
 
+def _jax_selects_on_j_v(original):
+    """J·v kept at +0.0 by a select where it is not finite, as before issue 54: the select passes no derivative
+    there, which cuts every path through that output element, not only those through the NaN."""
+    import jax
+    import jax.numpy as jnp
+
+    def selected(a):
+        still = jax.lax.stop_gradient(a)
+        return jnp.where(jnp.isfinite(still), a - still, jnp.zeros((), a.dtype))
+    return selected
+
+
+def _jax_no_slope_at_a_non_finite_x(original):
+    """stop(x) − x kept at +0.0 by a select where x is inf or NaN, as before issue 54: no derivative there."""
+    import jax
+    import jax.numpy as jnp
+
+    def selected(x, slope_is_negative):
+        still = jax.lax.stop_gradient(x)
+        zero = still - x if slope_is_negative else x - still
+        return jnp.where(jnp.isfinite(still), zero, jnp.zeros((), x.dtype))
+    return selected
+
+
 def _nothing_varies(original):
     """The JAX namespace reading no manual axis of shard_map from a type: its products, the decorator's cotangents
     and their ones typed invariant where the values vary."""
@@ -470,6 +494,14 @@ MUTANTS = {
         "stopgrad_math.torch.identity", "_eagerly_finite", _always_finite,
         (f"{_TORCH}::test_an_inf_or_nan_x_has_no_derivative_whatever_the_cotangent_or_tangent_holds",
          f"{_AS_BACKWARD}::test_a_non_finite_value_reaches_the_elements_plain_autodiff_reaches")),
+    "the JAX decorator selects on J·v where it is not finite": Mutant(
+        "stopgrad_math.jax.identity", "zero_with_derivative_of", _jax_selects_on_j_v,
+        ("tests/test_jax_non_finite_values.py::test_the_mixing_matmul_with_a_nan_or_inf_is_autodiff_of_its_formula_"
+         "in_every_mode",)),
+    "the JAX identity drops the derivative at a non-finite x": Mutant(
+        "stopgrad_math.jax.identity", "zero_with_slope", _jax_no_slope_at_a_non_finite_x,
+        ("tests/test_jax_non_finite_values.py::test_an_elementwise_rule_reaches_a_non_finite_x",
+         "tests/test_jax_non_finite_values.py::test_the_identity_form_passes_gx_at_a_non_finite_x")),
     "the JAX namespace types every value as invariant inside shard_map": Mutant(
         "stopgrad_math.jax.identity", "varying", _nothing_varies, ("tests/test_jax_distributed.py",)),
     "the PyTorch table takes every vjp for linear": Mutant(

@@ -57,12 +57,26 @@ def test_an_infinite_gx_gives_an_infinite_derivative_in_both_modes():
     assert float(fn(0.0)) == 0.0
 
 
-def test_an_infinite_or_nan_element_of_x_keeps_the_value_and_gets_no_derivative():
-    x = jnp.array([jnp.inf, 1.0, jnp.nan])
-    fn = lambda x: sgm.custom_gradient(jnp.ones(3), 3.0 * jnp.ones(3), x)  # noqa: E731
-    np.testing.assert_array_equal(fn(x), [1.0, 1.0, 1.0])
-    np.testing.assert_array_equal(jax.grad(_sum_of(fn))(x), [0.0, 3.0, 0.0])
-    np.testing.assert_array_equal(jax.jvp(fn, (x,), (jnp.ones(3),))[1], [0.0, 3.0, 0.0])
+def test_an_infinite_or_nan_element_of_x_keeps_the_value_and_gets_the_declared_derivative():
+    """gx reaches x = ±inf and NaN as any other element: the truth is autodiff of x ↦ gx·x (a stopped gx)."""
+    x = jnp.array([jnp.inf, 1.0, jnp.nan, -jnp.inf])
+    gx = lambda x: jnp.where(jnp.isnan(x), -2.0, jnp.where(x == -jnp.inf, jnp.inf, 3.0))  # noqa: E731
+    fn = lambda x: sgm.custom_gradient(jnp.ones_like(x), gx(x), x)  # noqa: E731
+    np.testing.assert_array_equal(fn(x), [1.0, 1.0, 1.0, 1.0])
+    for name, derivative in TRANSFORMS.items():
+        np.testing.assert_array_equal(derivative(fn, x), derivative(lambda x: jax.lax.stop_gradient(gx(x)) * x, x),
+                                      err_msg=name)
+        np.testing.assert_array_equal(derivative(fn, x), [3.0, 3.0, -2.0, np.inf], err_msg=name)
+
+
+def test_log1pexp_at_inf_and_nan_has_the_declared_sigmoid():
+    """The issue's case: gx = sigmoid(x) is 1 at +inf, 0 at −inf and NaN at NaN, and passes there."""
+    f = lambda x: sgm.custom_gradient(jnp.logaddexp(x, 0.0), jax.nn.sigmoid(x), x)  # noqa: E731
+    x = jnp.array([1.0, jnp.nan, jnp.inf, -jnp.inf])
+    want = np.array([1 / (1 + np.exp(-1.0)), np.nan, 1.0, 0.0], np.float32)
+    for name, derivative in TRANSFORMS.items():
+        np.testing.assert_allclose(derivative(f, x), want, rtol=1e-6, err_msg=name)
+    np.testing.assert_array_equal(f(x), jnp.logaddexp(x, 0.0))
 
 
 A = jnp.array([[1.0, 2.0, 0.5], [-3.0, 0.25, 4.0]])
@@ -269,7 +283,9 @@ def test_the_value_is_fx_and_the_derivative_gx_for_any_shape_dtype_and_value(cas
     assert np.all((bits(value) == bits(fx)) | flushed | (np.isnan(value) & np.isnan(fx.astype(np.float64))))
     tangent = np.asarray(jax.jvp(fn, (x,), (np.ones_like(x),))[1]).astype(np.float64)
     cotangent = np.asarray(jax.vjp(fn, x)[1](np.ones_like(fx))[0]).astype(np.float64)
-    finite = np.isfinite(x.astype(np.float64))
-    want = np.where(finite, gx.astype(np.float64), 0.0)  # an inf element of x: value kept, no derivative
+    want = gx.astype(np.float64)  # at every element of x, ±inf and NaN included: the declared gx
     np.testing.assert_array_equal(tangent, want)
     np.testing.assert_array_equal(cotangent, want)
+    truth = lambda x: gx * x  # noqa: E731  (autodiff of a product with a constant gx: inf·0 = NaN off the diagonal)
+    np.testing.assert_array_equal(np.float64(jax.jacfwd(fn)(x)), np.float64(jax.jacfwd(truth)(x)))
+    np.testing.assert_array_equal(np.float64(jax.jacrev(fn)(x)), np.float64(jax.jacrev(truth)(x)))

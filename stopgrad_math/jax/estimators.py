@@ -19,8 +19,9 @@ def straight_through(forward: Any, backward: Any) -> Any:
     ``stop(forward) − (stop(backward) − backward)``: the subtracted term is
     exactly +0.0, so the value is forward bit for bit; the derivative is
     backward's. ``backward`` broadcasts to forward's shape and is cast to its
-    dtype; where backward is inf or NaN the value is kept and no derivative
-    passes. Pytrees of the same structure are mapped leaf by leaf.
+    dtype; where backward is inf or NaN the value is kept and backward's
+    derivative passes all the same. Pytrees of the same structure are mapped
+    leaf by leaf.
 
     Examples:
         round in the forward pass, identity in the backward pass.

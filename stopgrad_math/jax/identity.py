@@ -2,11 +2,13 @@
 
     h = stop(f) − zero_product(stop(g), stop(x) − x)
 
-``stop(x) − x`` is +0.0 for every finite x, and ``zero_product`` is the
-constant +0.0 in value whatever g is (inf, NaN), so ``f − (+0.0)`` is f bit
-for bit; the derivative of h is g. Made of ``jax.lax.stop_gradient``,
-arithmetic and one small primitive whose tangent is the product rule, so that ``grad``,
-``jvp``, ``vmap``, ``jit`` and their compositions all see an ordinary function.
+``stop(x) − x`` is +0.0 for every finite x (the carrier stands in where x is
+inf or NaN, +0.0 with the same slope), and ``zero_product`` is the constant
++0.0 in value whatever g is (inf, NaN), so ``f − (+0.0)`` is f bit for bit;
+the derivative of h is g at every element. Made of ``jax.lax.stop_gradient``,
+arithmetic and two small primitives, one whose tangent is the product rule and
+the carrier, whose tangent is its operand's, so that ``grad``, ``jvp``,
+``vmap``, ``jit`` and their compositions all see an ordinary function.
 """
 
 from __future__ import annotations
@@ -106,9 +108,8 @@ checked_by_shard_map(_zero_product_p)
 def zero_product(g: jax.Array, zero: jax.Array) -> jax.Array:
     """g·zero where one factor is an exact zero in value: +0.0 whatever the other is (inf, NaN); broadcasting.
 
-    Every use in the library multiplies by ``stop(x) − x`` (+0.0, masked
-    where x is not finite) or multiplies ``a − stop(a)`` (+0.0 where it is
-    not masked) by a mask, so the product is +0.0 in value, and its value is
+    Every use in the library multiplies by ``stop(x) − x`` (+0.0, and the
+    carrier's +0.0 where x is not finite), so the product is +0.0 in value, and its value is
     the constant +0.0: it does not read g, so XLA computes g once, for the
     derivative alone, as ``jax.custom_jvp`` does. Its tangent is
     ``g·dzero + dg·zero``, the product rule written with plain products:
@@ -126,6 +127,47 @@ def zero_product(g: jax.Array, zero: jax.Array) -> jax.Array:
     shape = jnp.broadcast_shapes(jnp.shape(g), jnp.shape(zero))
     return _zero_product_p.bind(jnp.broadcast_to(jnp.asarray(g, dtype), shape),
                                 jnp.broadcast_to(jnp.asarray(zero, dtype), shape))
+
+
+# The carrier: +0.0 in value whatever a is, with a's derivative. Ordinary ops give a zero with a's derivative only
+# where a is finite (a − stop(a) is inf − inf = NaN at an inf); at a NaN or inf element a select keeps +0.0 in
+# value and, whichever branch it takes there, masks the derivative with it.
+_carried_zero_p = core.Primitive("stopgrad_math_carried_zero")
+
+
+def _carried_zero_jvp(primals: list[jax.Array], tangents: list[Any]) -> tuple[jax.Array, Any]:
+    (a,), (da,) = primals, tangents
+    return _carried_zero_p.bind(a), da  # the tangent passes as it is: linear, and a symbolic zero stays one
+
+
+def _carried_zero_batch(args: list[jax.Array], dims: list[Any]) -> tuple[jax.Array, Any]:
+    return _carried_zero_p.bind(args[0]), dims[0]
+
+
+def _zeros_like(a: jax.Array) -> jax.Array:
+    return jnp.zeros(np.shape(a), jnp.result_type(a))  # a may be a Python number a transform made a tracer of
+
+
+_carried_zero_p.def_impl(_zeros_like)
+_carried_zero_p.def_abstract_eval(lambda a: a.update(weak_type=False))
+mlir.register_lowering(_carried_zero_p, mlir.lower_fun(_zeros_like, multiple_results=False))
+ad.primitive_jvps[_carried_zero_p] = _carried_zero_jvp
+batching.primitive_batchers[_carried_zero_p] = _carried_zero_batch
+checked_by_shard_map(_carried_zero_p)
+
+
+def carried_zero(a: jax.Array) -> jax.Array:
+    """+0.0 in a's shape and dtype, with a's derivative at every element, inf and NaN included.
+
+    The one piece of the identity that ordinary ops cannot express: its
+    value is the constant +0.0 (it reads nothing of a, so XLA computes
+    nothing for it), and its tangent is a's tangent as it is, so an inf or
+    NaN value of a cuts no derivative, and a symbolic zero tangent stays
+    symbolic (a NaN elsewhere in a product never multiplies a zero that is
+    not there). Where a is finite, ``a − stop(a)`` gives the same value and
+    tangent bit for bit.
+    """
+    return _carried_zero_p.bind(a)
 
 
 def is_inexact(dtype: Any) -> bool:
@@ -154,26 +196,29 @@ def inexact_array(value: Any, what: str, dtype_hint: Any = None) -> jax.Array:
 
 
 def zero_with_slope(x: jax.Array, slope_is_negative: bool) -> jax.Array:
-    """x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite.
+    """x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 at every element of x.
 
-    inf − inf is NaN: where x is inf or NaN the value wins, +0.0 with no
-    derivative (a select, whose tangent is the select of the tangents).
+    inf − inf is NaN: where x is inf or NaN the carrier stands in, +0.0 in
+    value with the same slope, so a declared derivative reaches a
+    non-finite x as it reaches any other.
     """
     still = stop(x)
     zero = still - x if slope_is_negative else x - still
-    return jnp.where(jnp.isfinite(still), zero, jnp.zeros((), x.dtype))
+    return jnp.where(jnp.isfinite(still), zero, carried_zero(-x if slope_is_negative else x))
 
 
 def zero_with_derivative_of(a: jax.Array) -> jax.Array:
-    """+0.0 with a's derivative: a − stop(a) where a is finite.
+    """+0.0 with a's derivative at every element: the carrier.
 
-    Where a is inf or NaN, a − stop(a) is NaN; the value is still +0.0 there
-    and the derivative NaN (zero_product with a 1/0 mask, whose tangent
-    keeps ``(a − stop(a))·0``), so a derivative lost to an inf or NaN is NaN,
-    never a silent zero.
+    The decorator's J·v is NaN in value where J holds a NaN or inf (times
+    the zero v); its derivative J·dv is what the rule declares there, and
+    passes whole: a non-finite element cuts no path that does not go
+    through it. Where a is finite the carrier is ``a − stop(a)`` in value
+    and tangent bit for bit; it is used there too, since its value is the
+    constant +0.0 and a select on a's finiteness would read a's value, and
+    so make XLA compute J·v for the value as well as for the derivative.
     """
-    finite = jnp.isfinite(stop(a)).astype(a.dtype)
-    return zero_product(a - stop(a), finite)
+    return carried_zero(a)
 
 
 def zero_with_gradient(x: Any) -> jax.Array:
@@ -181,7 +226,7 @@ def zero_with_gradient(x: Any) -> jax.Array:
 
     The ``u`` of the identity ``stop(f) + stop(g)·u``, for identities of your
     own. At an element of x that is inf or NaN the value is still +0.0 and
-    the derivative there is zero.
+    the derivative there is 1 all the same.
 
     Examples:
         >>> x = jnp.array([1.0, 2.0])
@@ -203,7 +248,6 @@ def attach(value: jax.Array, terms: list[jax.Array]) -> jax.Array:
 def zero_term(layout: Layout, fx: jax.Array, x: jax.Array, g: jax.Array, zero: jax.Array | None = None) -> jax.Array:
     """+0.0 broadcasting to fx's shape, with derivative g in its layout; ``zero`` is stop(x) − x where the
     caller has made it (the decorator's carries its guard)."""
-    g = jnp.where(jnp.isfinite(stop(x)), g, jnp.zeros((), g.dtype))  # inf or NaN x: 0, never g·0 = NaN
     zero = zero_with_slope(x, slope_is_negative=True) if zero is None else zero
     product = zero_product(g, zero.astype(fx.dtype))
     if layout is Layout.ELEMENTWISE:

@@ -51,7 +51,7 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
     a one-element fx it is the gradient; otherwise, as in tfp, the gradient
     of ``sum(fx)``. Complex values follow JAX's convention (the JVP is
     gx·tangent). An infinite gx gives an infinite derivative; an inf or NaN
-    element of x keeps the value and gets no derivative.
+    element of x keeps the value and gets gx as any other element does.
 
     **Decorator form**, a drop-in for ``jax.custom_gradient``: ``f(*args)``
     returns ``(y, vjp)``; the decorated f has the value y bit for bit and the

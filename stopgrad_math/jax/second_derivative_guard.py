@@ -77,11 +77,16 @@ def _guarded(v: jax.Array, watched: list[jax.Array], order: int, message: str) -
     return v
 
 
-@_guarded.defjvp
 def _guarded_jvp(order: int, message: str, primals: tuple[jax.Array, list[jax.Array]],
-                 tangents: tuple[jax.Array, list[jax.Array]]) -> tuple[jax.Array, jax.Array]:
+                 tangents: tuple[Any, list[Any]]) -> tuple[jax.Array, Any]:
     v, watched = primals
-    return v, tangents[0] * fence(order, message, watched).astype(tangents[0].dtype)
+    dv = tangents[0]
+    if type(dv) is jax.custom_derivatives.SymbolicZero:  # v does not move: nothing to guard, and a zero made
+        return v, dv  # here would meet a NaN in J (NaN·0) on a path the derivative does not take
+    return v, dv * fence(order, message, watched).astype(dv.dtype)
+
+
+_guarded.defjvp(_guarded_jvp, symbolic_zeros=True)
 
 
 def guarded(v: jax.Array, watched: list[jax.Array], order: int, name: str) -> jax.Array:
