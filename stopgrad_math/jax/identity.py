@@ -58,21 +58,22 @@ def _zero_product_batch(args: list[jax.Array], dims: list[Any]) -> tuple[jax.Arr
     return _zero_product_p.bind(g, zero), 0
 
 
-def checked_by_shard_map(primitive: Any, constant: bool = False) -> None:
+def checked_by_shard_map(primitive: Any, constant: bool = False, as_first: bool = False) -> None:
     """Registers a primitive with the replication check of shard_map before ``jax.shard_map`` (``check_rep``,
     JAX 0.4.35 to 0.5), which wants a rule for each primitive; later JAX reads the manual axes from the types
-    the abstract evaluation gives. ``constant``: the value is the same on every device (a fence's 1.0), else it
-    is replicated where every operand is (the rewrite broadcasts them to that, as for JAX's own binary ops)."""
+    the abstract evaluation gives. ``constant``: the value is the same on every device (a fence's 1.0);
+    ``as_first``: it is the first operand's (the guard's v); else it is replicated where every operand is (the
+    rewrite broadcasts them to that, as for JAX's own binary ops)."""
     if hasattr(jax, "shard_map"):
         return
     shard_map: Any = importlib.import_module("jax.experimental.shard_map")  # (typed by the newest JAX, without it)
 
     def replication(mesh: Any, *replicated: Any, **params: Any) -> Any:
-        known = [r for r in replicated if r is not None]
+        known = [r for r in (replicated[:1] if as_first else replicated) if r is not None]
         return set(mesh.axis_names) if constant or not known else set.intersection(*known)
 
     shard_map.register_check(primitive)(replication)
-    if constant:
+    if constant or as_first:
         shard_map.register_norewrite(primitive)
     else:
         shard_map.register_standard_rewrite(primitive)

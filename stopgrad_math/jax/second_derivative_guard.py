@@ -12,20 +12,20 @@ tangent reaches an argument or a closed-over value, differentiates the
 fence, and its rule raises a ``LookupError`` naming ``order=2``. At
 ``order=2`` the fence is two deep: the third derivative raises.
 
-The fence is a primitive of its own, not a ``jax.custom_jvp``: JAX inlines a
+The fence and the guard are primitives, not ``jax.custom_jvp``: JAX inlines a
 ``custom_jvp`` without its rule where it partially evaluates a function with
 some inputs unknown (it assumes that only happens to linear functions), and
 differentiating a ``scan`` or ``fori_loop`` does that to the loop's body to
 hoist what is loop-invariant; the rule was lost there and the second
 derivative silently 0. A primitive is kept by every transform, with rules for
-each: its derivative raises, a batch of it is one fence, and it lowers to the
-constant 1, which XLA folds away. ``held_apart`` is the same fence for two
+each: the fence's derivative raises, a batch of it is one fence, and it lowers
+to the constant 1, which XLA folds away; the guard keeps a symbolic zero
+tangent symbolic, where a custom_jvp makes it a zero that meets a NaN in J. ``held_apart`` is the same fence for two
 groups, raising where a value moves in the jvp that x moves in.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -71,27 +71,41 @@ def fence(depth: int, message: str, watched: list[jax.Array]) -> jax.Array:
     return _fence_p.bind(*watched, depth=depth, message=message)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _guarded(v: jax.Array, watched: list[jax.Array], order: int, message: str) -> jax.Array:
-    del watched, order, message
+# The guard: v, whose tangent is dv·fence(watched). A primitive as the fence is, and not a jax.custom_jvp: its rule
+# keeps a symbolic zero tangent symbolic (a custom_jvp makes it a zero, which met a NaN in J as NaN·0 on a path the
+# derivative does not take; custom_jvp's own symbolic zeros are refused by shard_map's check on JAX 0.4.35).
+_guarded_p = core.Primitive("stopgrad_math_guarded")
+
+
+def _first(v: Any, *watched: Any, **params: Any) -> Any:
+    """The guard's value (and lowering): v, whatever it watches."""
+    del watched, params
     return v
 
 
-def _guarded_jvp(order: int, message: str, primals: tuple[jax.Array, list[jax.Array]],
-                 tangents: tuple[Any, list[Any]]) -> tuple[jax.Array, Any]:
-    v, watched = primals
+def _guarded_jvp(primals: list[Any], tangents: list[Any], *, depth: int, message: str) -> tuple[Any, Any]:
+    v, watched = primals[0], primals[1:]
     dv = tangents[0]
-    if type(dv) is jax.custom_derivatives.SymbolicZero:  # v does not move: nothing to guard, and a zero made
-        return v, dv  # here would meet a NaN in J (NaN·0) on a path the derivative does not take
-    return v, dv * fence(order, message, watched).astype(dv.dtype)
+    if type(dv) is ad.Zero:  # v does not move: nothing to guard, and nothing to make a zero of
+        return v, dv
+    return v, dv * fence(depth, message, list(watched)).astype(dv.dtype)
 
 
-_guarded.defjvp(_guarded_jvp, symbolic_zeros=True)
+def _guarded_batch(args: list[Any], dims: list[Any], *, depth: int, message: str) -> tuple[Any, Any]:
+    return _guarded_p.bind(*args, depth=depth, message=message), dims[0]
+
+
+_guarded_p.def_impl(_first)
+_guarded_p.def_abstract_eval(lambda v, *watched, depth, message: v)
+ad.primitive_jvps[_guarded_p] = _guarded_jvp
+batching.primitive_batchers[_guarded_p] = _guarded_batch
+identity.checked_by_shard_map(_guarded_p, as_first=True)
+mlir.register_lowering(_guarded_p, mlir.lower_fun(_first, multiple_results=False))
 
 
 def guarded(v: jax.Array, watched: list[jax.Array], order: int, name: str) -> jax.Array:
     """v, whose tangent is dv·fence(watched): exact, and raising at the derivative beyond ``order``."""
-    return _guarded(v, watched, order, BEYOND_ORDER[order].format(name=name))
+    return _guarded_p.bind(v, *watched, depth=order, message=BEYOND_ORDER[order].format(name=name))
 
 
 def _times(value: jax.Array, one: jax.Array) -> jax.Array:
