@@ -110,9 +110,9 @@ def zero_product(g: jax.Array, zero: jax.Array) -> jax.Array:
     """g·zero where one factor is an exact zero in value: +0.0 whatever the other is (inf, NaN); broadcasting.
 
     Every use in the library multiplies by ``stop(x) − x`` (+0.0, and the
-    carrier's +0.0 where x is not finite), so the product is +0.0 in value, and its value is
-    the constant +0.0: it does not read g, so XLA computes g once, for the
-    derivative alone, as ``jax.custom_jvp`` does. Its tangent is
+    carrier's +0.0 where x is not finite), so the product is +0.0 in value,
+    and its value is the constant +0.0: it does not read g, so XLA computes
+    g once, for the derivative alone, as ``jax.custom_jvp`` does. Its tangent is
     ``g·dzero + dg·zero``, the product rule written with plain products:
     linear in the tangents, so forward and reverse mode agree and every
     transform composes; an infinite g gives an infinite derivative (JAX has

@@ -20,8 +20,9 @@ hoist what is loop-invariant; the rule was lost there and the second
 derivative silently 0. A primitive is kept by every transform, with rules for
 each: the fence's derivative raises, a batch of it is one fence, and it lowers
 to the constant 1, which XLA folds away; the guard keeps a symbolic zero
-tangent symbolic, where a custom_jvp makes it a zero that meets a NaN in J. ``held_apart`` is the same fence for two
-groups, raising where a value moves in the jvp that x moves in.
+tangent symbolic, where a custom_jvp makes it a zero that meets a NaN in J.
+``held_apart`` is the same fence for two groups, raising where a value moves
+in the jvp that x moves in.
 """
 
 from __future__ import annotations
