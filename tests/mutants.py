@@ -393,6 +393,29 @@ def _jax_no_slope_at_a_non_finite_x(original):
     return selected
 
 
+def _tf_selects_on_j_v(original):
+    """J·v kept at +0.0 by a multiply_no_nan with the finite mask, as before issue 54: no derivative passes where
+    it is not finite, which cuts every path through that output element, not only those through the NaN."""
+    import tensorflow as tf
+
+    def masked(a):
+        zero = a - tf.stop_gradient(a)
+        return tf.math.multiply_no_nan(zero, tf.cast(tf.math.is_finite(tf.stop_gradient(a)), a.dtype))
+    return masked
+
+
+def _tf_no_slope_at_a_non_finite_x(original):
+    """stop(x) − x kept at +0.0 by a multiply_no_nan with the finite mask where x is inf or NaN, as before issue
+    54: no derivative there."""
+    import tensorflow as tf
+
+    def masked(x, slope_is_negative, stopped=None):
+        still = tf.stop_gradient(x)
+        zero = still - x if slope_is_negative else x - still
+        return tf.math.multiply_no_nan(zero, tf.cast(tf.math.is_finite(still), x.dtype))
+    return masked
+
+
 def _nothing_varies(original):
     """The JAX namespace reading no manual axis of shard_map from a type: its products, the decorator's cotangents
     and their ones typed invariant where the values vary."""
@@ -502,6 +525,14 @@ MUTANTS = {
         "stopgrad_math.jax.identity", "zero_with_slope", _jax_no_slope_at_a_non_finite_x,
         ("tests/test_jax_non_finite_values.py::test_an_elementwise_rule_reaches_a_non_finite_x",
          "tests/test_jax_non_finite_values.py::test_the_identity_form_passes_gx_at_a_non_finite_x")),
+    "the TensorFlow decorator selects on J·v where it is not finite": Mutant(
+        "stopgrad_math.tensorflow.identity", "zero_with_derivative_of", _tf_selects_on_j_v,
+        ("tests/test_non_finite_values.py::test_the_mixing_matmul_with_a_nan_or_inf_is_autodiff_of_its_formula_in_"
+         "reverse_mode",)),
+    "the TensorFlow identity drops the derivative at a non-finite x": Mutant(
+        "stopgrad_math.tensorflow.identity", "zero_with_slope", _tf_no_slope_at_a_non_finite_x,
+        ("tests/test_non_finite_values.py::test_an_elementwise_rule_reaches_a_non_finite_x",
+         "tests/test_non_finite_values.py::test_the_identity_form_passes_gx_at_a_non_finite_x")),
     "the JAX namespace types every value as invariant inside shard_map": Mutant(
         "stopgrad_math.jax.identity", "varying", _nothing_varies, ("tests/test_jax_distributed.py",)),
     "the PyTorch table takes every vjp for linear": Mutant(

@@ -186,20 +186,14 @@ def numbers(tensor) -> np.ndarray:
     return np.asarray(tf.cast(tensor, tf.complex128 if tensor.dtype.is_complex else tf.float64))
 
 
-def where_finite(grad: np.ndarray, x) -> np.ndarray:
-    """The documented rule at a non-finite x (the identity module): x − stop(x) cannot be +0.0 with slope 1
-    there, so the value wins and the gradient w.r.t. that element is 0."""
-    return np.where(np.isfinite(numbers(x)), grad, 0.0)  # a complex element: finite where both parts are
-
-
 def ref_zero_with_gradient(x):
     t = floating(x, complex_too=True)
-    return np.zeros(t.shape), {0: [where_finite(upstream_for(t.shape), t)]}
+    return np.zeros(t.shape), {0: [upstream_for(t.shape)]}
 
 
 def ref_magic_box(tau):
     t = floating(tau)
-    return np.ones(t.shape), {0: [where_finite(upstream_for(t.shape), t)]}
+    return np.ones(t.shape), {0: [upstream_for(t.shape)]}
 
 
 def ref_straight_through(forward, backward):
@@ -212,7 +206,7 @@ def ref_straight_through(forward, backward):
         if not broadcasts_exactly(b.shape, f.shape):
             raise Invalid("shapes")
         values.append(numbers(f))
-        grads.append(where_finite(unbroadcast(upstream_for(f.shape), tuple(b.shape)), b))
+        grads.append(unbroadcast(upstream_for(f.shape), tuple(b.shape)))
     return tf.nest.pack_sequence_as(forward, values), {1: grads}
 
 
@@ -237,7 +231,7 @@ def ref_scale_gradient(x, scale, sign=1.0):
         if not broadcasts_exactly(s.shape, t.shape):
             raise Invalid("shapes")
         values.append(numbers(t))
-        grads.append(where_finite(sign * upstream_for(t.shape) * numbers(s), t))
+        grads.append(sign * upstream_for(t.shape) * numbers(s))
     return tf.nest.pack_sequence_as(x, values) if tf.nest.is_nested(x) else values[0], {0: grads}
 
 
@@ -279,7 +273,7 @@ def ref_custom_gradient(fx, gx, x):
         raise Invalid("shapes")
     largest = min(float(f.dtype.max), float(t.dtype.max))  # built in fx's dtype, given in x's: beyond, ±inf
     grad = np.where(np.abs(grad) > largest, np.sign(grad) * np.inf, grad)
-    return numbers(f), {2: [where_finite(grad, t)]}
+    return numbers(f), {2: [grad]}  # at every element of x, inf and NaN too
 
 
 def _same_structure(a, b) -> bool:
@@ -506,8 +500,8 @@ def test_the_decorator_carries_every_argument_or_names_it(x, other, mode):
     assert error is None, f"refused an argument that tf.custom_gradient passes to f: {error}"
     y, grad = result
     np.testing.assert_array_equal(numbers(y), numbers(x * 2))
-    if x.dtype != tf.int32:  # 3 times the upstream 2; 0 at a non-finite x, where the value wins (identity module)
-        np.testing.assert_array_equal(numbers(grad), where_finite(np.full(x.shape, 6.0), x))
+    if x.dtype != tf.int32:  # 3 times the upstream 2, at every element, inf and NaN too
+        np.testing.assert_array_equal(numbers(grad), np.full(x.shape, 6.0))
 
 
 points = st.one_of(tensors(dtypes=(*FLOATS[2:], tf.int32, tf.complex64)), python_values, lists, numpy_values)

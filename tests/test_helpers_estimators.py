@@ -124,9 +124,12 @@ def test_straight_through_value_is_forward_exactly_gradient_is_backward(mode, x)
 
     value, grad, tangent = in_mode(run, mode)(x, w)
     assert_value_exact(value.numpy(), tf.round(x).numpy())
-    finite = np.isfinite(x.numpy())
-    np.testing.assert_array_equal(grad, np.where(finite, 1.5, 0.0))
-    np.testing.assert_array_equal(tangent, np.where(finite, 1.5, 0.0))
+    np.testing.assert_array_equal(grad, np.full(x.shape, 1.5))  # d(0.5·x)·3 at every x, inf and NaN too
+    # Forward mode: backward's own tangent as TensorFlow computes it, whose rule for a product can give NaN
+    # where the other factor (here x) is inf or NaN (the truth is 1.5 there too): 0.5·x's limit, not the
+    # identity's (docs/tensorflow.md). 1.5 at every finite x; 1.5 or NaN at the others, never another number.
+    tangent, finite = np.asarray(tangent), np.isfinite(x.numpy())
+    assert np.all((tangent == 1.5) | (np.isnan(tangent) & ~finite)), (x, tangent)
 
 
 def test_straight_through_is_not_the_rounding_formula():
@@ -163,9 +166,8 @@ def test_scale_and_reverse_gradient(mode, x, scale):
 
     value, grad, reversed_tangent = in_mode(run, mode)(x, w)
     assert_value_exact(value.numpy(), x.numpy())
-    finite = np.isfinite(x.numpy())
-    np.testing.assert_array_equal(grad, np.where(finite, 2.0 * scale, 0.0))
-    np.testing.assert_array_equal(reversed_tangent, np.where(finite, -2.0 * scale, 0.0))
+    np.testing.assert_array_equal(grad, np.full(x.shape, 2.0 * scale))  # at every x, inf and NaN too
+    np.testing.assert_array_equal(reversed_tangent, np.full(x.shape, -2.0 * scale))
 
 
 @pytest.mark.parametrize("scale", [tf.constant(True), tf.constant("text"), tf.constant(1j)])
@@ -230,7 +232,7 @@ def test_magic_box_is_exactly_one_whatever_tau_holds(mode, tau):
     tau = tf.constant(tau)
     value, tangent = in_mode(lambda t: (under_tape(magic_box)(t), jvp(magic_box, t, tf.ones_like(t))), mode)(tau)
     np.testing.assert_array_equal(value, np.ones(tau.shape, np.float32))
-    np.testing.assert_array_equal(tangent, np.isfinite(tau.numpy()).astype(np.float32))
+    np.testing.assert_array_equal(tangent, np.ones(tau.shape, np.float32))  # dτ at every τ, inf and NaN too
 
 
 def test_dice_score_function_estimate_matches_the_exact_gradient():

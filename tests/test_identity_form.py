@@ -302,19 +302,32 @@ def test_zero_upstream_gives_zero_gradient_even_where_gx_is_inf(mode):
     np.testing.assert_array_equal(in_mode(lambda x, v: jvp(ours, x, v), mode)(x, mask), [0.0, 0.0, 2.0])
 
 
-def test_non_finite_x_keeps_value_and_other_elements_keep_gradient(mode):
+def test_non_finite_x_keeps_value_and_gets_the_declared_gradient(mode):
+    """gx is declared at every element, inf and NaN in x included: the gradient is gx·upstream there too, in
+    reverse and forward mode, and the value is fx."""
     x = tf.constant([np.inf, -np.inf, np.nan, 2.0])
     ones = tf.ones([4])
 
-    def value_and_grad(x):
+    def value_and_derivatives(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
             y = custom_gradient(ones, 3 * ones, x)
-        return y, tape.gradient(y, x)
+        return y, tape.gradient(y, x), jvp(lambda x: custom_gradient(ones, 3 * ones, x), x, tf.fill([4], 2.0))
 
-    value, grad = in_mode(value_and_grad, mode)(x)
+    value, grad, tangent = in_mode(value_and_derivatives, mode)(x)
     np.testing.assert_array_equal(value, ones)
-    np.testing.assert_array_equal(grad, [0.0, 0.0, 0.0, 3.0])
+    np.testing.assert_array_equal(grad, [3.0] * 4)
+    np.testing.assert_array_equal(tangent, [6.0] * 4)
+
+
+def test_log1pexp_at_non_finite_x_gets_sigmoid_the_declared_derivative(mode):
+    """custom_gradient(softplus(x), sigmoid(x), x) at [1, nan, inf, −inf]: the gradient is sigmoid(x), NaN
+    where x is NaN and 1 at inf, 0 at −inf; truth: sigmoid computed by NumPy."""
+    x = tf.constant([1.0, np.nan, np.inf, -np.inf], tf.float64)
+    rule = lambda x: custom_gradient(tf.math.softplus(x), tf.math.sigmoid(x), x)  # noqa: E731
+    truth = 1.0 / (1.0 + np.exp(-x.numpy()))
+    np.testing.assert_array_equal(in_mode(lambda x: vjp(rule, x), mode)(x), truth)
+    np.testing.assert_array_equal(in_mode(lambda x: jvp(rule, x, tf.ones_like(x)), mode)(x), truth)
 
 
 # ---------------------------------------------------------------- every mode of differentiation

@@ -89,7 +89,7 @@ def _transpose_terms(plan: Plan, probe: Probe | None) -> dict[int, list[tf.Tenso
             for g, r in zip(probe.gradients, probe.reached, strict=True) if not r]
     terms: dict[int, list[tf.Tensor]] = {}
     for i, product in zip(probe.upstreams, products, strict=True):
-        terms[i] = [] if product is None else [identity.zero_with_slope(product, False)]
+        terms[i] = [] if product is None else [identity.zero_with_derivative_of(product)]
         terms[i] += _scalar_terms(zero, plan.outputs.components[i].tensor.dtype)
     return terms
 

@@ -2,15 +2,19 @@
 
 A tensor with value ``f`` and derivative ``g`` with respect to ``x`` is
 
-    h = stop(f) − multiply_no_nan(stop(g), stop(x) − x)
+    h = stop(f) − multiply_no_nan(stop(g), c(stop(x) − x))
 
-The subtracted term is exactly +0.0 in value: ``stop(x) − x`` is +0.0 for every
-finite x (IEEE 754: a − a is +0.0 under round-to-nearest), and
+with c the carrier (``carried_zero``), which maps inf and NaN to +0.0 and
+passes its operand's derivative at every element: c(stop(x) − x) is +0.0
+for every x. The subtracted term is exactly +0.0 in value:
 ``multiply_no_nan(g, +0.0)`` is +0.0 even where g is inf or NaN. Subtracting
 +0.0 leaves every float unchanged, −0.0, inf and NaN included, so the value is
-``f`` bit for bit. Its derivative is ``g``, and because ``multiply_no_nan``
+``f`` bit for bit. Its derivative is ``g`` at every element, where x is inf
+or NaN too (stop(x) − x alone would be NaN there, and every select that
+mended the value would cut the derivative), and because ``multiply_no_nan``
 also guards the backward product, a zero upstream gradient gives a zero
-gradient even where g is inf.
+gradient even where g is inf. Where x is finite, stop(x) − x is +0.0
+already and c changes nothing: eagerly, on a host tensor, it is left out.
 
 Complex tensors get the same identity. TensorFlow's convention for them is
 that the gradient of a holomorphic h with derivative g is conj(g)·upstream,
@@ -24,6 +28,7 @@ from __future__ import annotations
 import cmath
 import contextlib
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -181,31 +186,61 @@ def nothing_records() -> bool:
 
 
 def zero_with_slope(x: tf.Tensor, slope_is_negative: bool, stopped: tf.Tensor | None = None) -> tf.Tensor:
-    """Returns x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite.
+    """Returns c(x − stop(x)) (or c(stop(x) − x)): exactly +0.0, slope ±1 at every element, inf and NaN too.
 
-    ``stopped`` is stop(x) where the caller has it already.
+    ``stopped`` is stop(x) where the caller has it already. c is ``carried_zero``.
     """
     still = stop(x) if stopped is None else stopped
     zero = subtract(still, x) if slope_is_negative else subtract(x, still)
     if _finite_in_host_memory(x):  # x, not still: the caller's tensor may have been read on the host before
-        return zero
-    # inf − inf is NaN: no op sequence can keep both an exact +0.0 value and a
-    # gradient at a non-finite element, so there the value wins. multiply_no_nan
-    # by a 1/0 mask is that select: its gradient is one op, where tf.where's
-    # computes both branches and reduces the unused one (11 ops in eager).
-    finite = tf.raw_ops.Cast(x=is_finite(still), DstT=x.dtype)  # real 1/0: no conjugation to get wrong
-    return multiply_no_nan(zero, finite)
+        return zero  # +0.0 everywhere already, so c would change no bit of it or of its derivatives
+    return carried_zero(zero)
+
+
+def _finite_part_passing_derivatives(a: tf.Tensor) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
+    finite = tf.raw_ops.Cast(x=is_finite(a), DstT=a.dtype)  # real 1/0: no conjugation to get wrong
+    return multiply_no_nan(a, finite), lambda upstream: upstream
+
+
+# A function, not the bare custom gradient: a ForwardAccumulator takes the bare one's tangent from its ops
+# (eagerly too), where a function's forward derivative is the transpose of its registered gradient. A
+# SavedModel keeps the function with its gradient, and XLA inlines it.
+_carrier = tf.function(tf.custom_gradient(_finite_part_passing_derivatives), autograph=False, reduce_retracing=True)
+
+
+def carried_zero(a: tf.Tensor) -> tf.Tensor:
+    """``a`` where it is finite, +0.0 where it is inf or NaN; its derivative is a's at every element, in every mode.
+
+    For a zero such as x − stop(x) (NaN where x is not finite) it is +0.0
+    everywhere with x's derivative everywhere. Ordinary ops cannot give this:
+    every op that maps a NaN value to 0 (a select, multiply_no_nan) also
+    masks the derivative there. The carrier computes the masked value with
+    ordinary ops and registers a gradient that passes the upstream unchanged:
+    reverse mode gives a's cotangent, forward mode (the transpose) a's
+    tangent. Where a is finite that is the ops' own derivative bit for bit.
+    """
+    return _carrier(a)
+
+
+def zero_with_derivative_of(a: tf.Tensor) -> tf.Tensor:
+    """c(a − stop(a)): +0.0, derivative a's at every element, where a's value is inf or NaN too.
+
+    The decorator's zero of J·v: where J holds a NaN or inf, J·v is NaN in
+    value (NaN·0), yet its derivative, J's product with the argument's, cuts
+    only the paths through that element of J.
+    """
+    return zero_with_slope(a, slope_is_negative=False)
 
 
 def _finite_in_host_memory(x: tf.Tensor) -> bool:
     """Whether x is an eager tensor in host memory with every element finite.
 
-    Then the mask above is all ones, and multiplying by it would change no bit
+    Then x − stop(x) is +0.0 everywhere, and the carrier would change no bit
     of the value or of any derivative: one NumPy pass over x costs less than
-    the mask's five ops (three forward, two backward). A graph keeps the mask,
-    as does a tensor in device memory (reading it would wait for the device).
-    An eager tensor captured while tracing is a constant of the graph, so its
-    values are known there too.
+    calling the carrier's function eagerly. A graph keeps the carrier (there
+    it costs no more than the finite mask it replaced), as does a tensor in device memory
+    (reading it would wait for the device). An eager tensor captured while
+    tracing is a constant of the graph, so its values are known there too.
     """
     if tf.is_symbolic_tensor(x) or "CPU" not in x.backing_device:
         return False
@@ -227,8 +262,7 @@ def zero_with_gradient(x: tf.Tensor | tf.Variable) -> tf.Tensor:
 
     Value: +0.0 everywhere, with the shape and dtype of ``x``, also where x
     is inf or NaN. Derivative: the identity map (reverse and forward mode) at
-    every finite element of x; at an element that is inf or NaN the value is
-    kept and the derivative there is zero, since x − stop(x) would be NaN.
+    every element of x, inf and NaN included.
 
     Args:
       x: a floating or complex Tensor or tf.Variable.

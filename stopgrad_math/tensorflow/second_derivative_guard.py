@@ -50,8 +50,8 @@ def needed(arguments: list[tf.Tensor]) -> bool:
 
 def zero_term(arguments: list[tf.Tensor]) -> tf.Tensor:
     """The guard: +0.0 in float32, first derivative −0.0 w.r.t. each argument, second derivative raising."""
-    # u = −Σ (stop(x) − x): where x is not finite the slope is masked, and the mask's gradient is +0.0; negated
-    # after it, what reaches x is −0.0 everywhere, which no sum changes.
+    # u = −Σ c(stop(x) − x): +0.0 reaches the carrier c, which passes it at every element (inf and NaN too),
+    # and stop(x) − x negates it: what reaches x is −0.0 everywhere, which no sum changes.
     u = -tf.add_n([tf.reduce_sum(_as_float32(identity.zero_with_slope(x, True))) for x in arguments])
     prevented = tf.raw_ops.PreventGradient(input=tf.math.sign(u), message=MESSAGE)
     s = 2.0 + identity.multiply_no_nan(prevented, tf.constant(0.0))
