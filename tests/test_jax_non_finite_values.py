@@ -8,22 +8,9 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from helpers import bits  # noqa: E402
+from non_finite_cases import CASES, CT, TANGENT_W, TANGENT_X  # noqa: E402
 
 import stopgrad_math.jax as sgm  # noqa: E402
-
-W = np.array([[1.0, 2.0], [0.5, -1.0], [3.0, 4.0]])
-X = np.array([[1.0, 2.0], [2.0, 3.0]])
-
-
-def _with(array, index, value):
-    array = array.copy()
-    array[index] = value
-    return array
-
-
-# (X, W): a NaN and an inf in each argument, one element at a time
-CASES = {f"{value} in {name}": (_with(X, (0, 1), value), W) if name == "X" else (X, _with(W, (1, 0), value))
-         for name in ("X", "W") for value in (np.nan, np.inf, -np.inf)}
 
 
 def plain(x, w):
@@ -42,8 +29,6 @@ def mixing_vjp(x, w):  # the anchor in reverse mode: the same rule as jax.custom
 
 mixing_vjp.defvjp(lambda x, w: (x @ w.T, (x, w)), lambda res, ct: (ct @ res[1], ct.T @ res[0]))
 
-CT = np.array([[1.0, -2.0, 0.5], [0.25, 1.0, 3.0]])
-TANGENT_X, TANGENT_W = np.array([[0.5, -1.0], [2.0, 1.0]]), np.array([[1.0, 0.0], [-0.5, 2.0], [1.5, 1.0]])
 
 # Each derivative of a function of (x, w), as a tuple of arrays.
 MODES = {

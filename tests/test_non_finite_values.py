@@ -7,22 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import in_mode
+from non_finite_cases import CASES, CT, TANGENT_W, TANGENT_X
 
 import stopgrad_math as sgm
-
-W = np.array([[1.0, 2.0], [0.5, -1.0], [3.0, 4.0]])
-X = np.array([[1.0, 2.0], [2.0, 3.0]])
-
-
-def _with(array, index, value):
-    array = array.copy()
-    array[index] = value
-    return array
-
-
-# (X, W): a NaN and an inf in each argument, one element at a time
-CASES = {f"{value} in {name}": (_with(X, (0, 1), value), W) if name == "X" else (X, _with(W, (1, 0), value))
-         for name in ("X", "W") for value in (np.nan, np.inf, -np.inf)}
 
 
 def plain(x, w):
@@ -35,9 +22,6 @@ def _mixing(x, w):
 
 ORDERS = {1: sgm.custom_gradient(_mixing), 2: sgm.custom_gradient(_mixing, order=2)}
 anchor = tf.custom_gradient(_mixing)  # the same rule through TensorFlow's mechanism, right in reverse mode
-
-CT = np.array([[1.0, -2.0, 0.5], [0.25, 1.0, 3.0]])
-TANGENT_X, TANGENT_W = np.array([[0.5, -1.0], [2.0, 1.0]]), np.array([[1.0, 0.0], [-0.5, 2.0], [1.5, 1.0]])
 
 
 def _gradient(f, x, w):
