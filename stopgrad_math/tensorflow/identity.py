@@ -238,9 +238,10 @@ def _finite_in_host_memory(x: tf.Tensor) -> bool:
     Then x − stop(x) is +0.0 everywhere, and the carrier would change no bit
     of the value or of any derivative: one NumPy pass over x costs less than
     calling the carrier's function eagerly. A graph keeps the carrier (there
-    it costs no more than the finite mask it replaced), as does a tensor in device memory
-    (reading it would wait for the device). An eager tensor captured while
-    tracing is a constant of the graph, so its values are known there too.
+    it costs no more than the finite mask it replaced), as does a tensor in
+    device memory (reading it would wait for the device). An eager tensor
+    captured while tracing is a constant of the graph, so its values are
+    known there too.
     """
     if tf.is_symbolic_tensor(x) or "CPU" not in x.backing_device:
         return False
