@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.autograd.forward_ad as forward_ad  # noqa: E402
-from torch_modes import MODES, bits  # noqa: E402
+from torch_modes import COMPILED_MODES, MODES, bits  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
 
@@ -239,6 +239,38 @@ def test_a_vjp_that_reads_a_value_in_python_is_traced_eagerly_and_refused_under_
     assert x.grad.tolist() == [2.0, 2.0]
     with pytest.raises(ValueError, match="may not read a tensor's value in Python"):
         torch.func.grad(lambda x: f(x).sum())(x.detach())
+
+
+class _TripledWithExtraNones(torch.autograd.Function):
+    """A backward that returns more gradients than forward took inputs, the extras None: PyTorch drops them."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return 2.0 * x
+
+    @staticmethod
+    def backward(ctx, g):
+        return 3.0 * g, None, None
+
+
+ALL_MODES = {**MODES, **COMPILED_MODES}
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_extra_trailing_none_cotangents_are_dropped_as_pytorch_drops_them(mode):
+    """The VJP's (3·ct, None, None) for one argument is its (3·ct,), in every mode, as the Function with that
+    backward gives in reverse mode (its truth); the decorator once refused it."""
+    tripled = sgm.custom_gradient(lambda x: (2.0 * x, lambda ct: (3.0 * ct, None, None)))
+    x = torch.tensor([1.0, -2.0, 0.5])
+    torch.testing.assert_close(ALL_MODES[mode](tripled, x), torch.full_like(x, 3.0), rtol=0, atol=0)
+    torch.testing.assert_close(ALL_MODES["backward"](_TripledWithExtraNones.apply, x), torch.full_like(x, 3.0),
+                               rtol=0, atol=0)
+
+
+def test_an_extra_cotangent_that_is_not_none_is_refused_as_pytorch_refuses_it():
+    f = sgm.custom_gradient(lambda x: (2.0 * x, lambda ct: (3.0 * ct, ct)))
+    with pytest.raises(ValueError, match=r"returned 2 cotangents for 1 positional argument"):
+        f(torch.ones(2, requires_grad=True))
 
 
 def test_the_wrong_number_of_cotangents_a_wrong_shape_and_a_missing_vjp_are_named():

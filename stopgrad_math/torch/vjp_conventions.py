@@ -98,11 +98,24 @@ def _matches(argument: Any, cotangent: Any) -> bool:
     return not structure.is_leaf() and pytree.tree_structure(cotangent) == structure
 
 
+def _without_extra_nones(result: Any, args: tuple[Any, ...]) -> Any:
+    """result less its trailing Nones beyond one per argument: a Function's backward may return more gradients
+    than forward took inputs, the extras None, and PyTorch drops them. A sequence that is the one argument's
+    own cotangent (a container of its structure) is left whole."""
+    count = len(args)
+    if not isinstance(result, (tuple, list)) or len(result) <= count or any(r is not None for r in result[count:]):
+        return result
+    if count == 1 and _matches(args[0], result):
+        return result
+    return tuple(result[:count])
+
+
 def argument_cotangents(result: Any, args: tuple[Any, ...], leaves: Leaves, names: list[str],
                         f: Callable[..., Any]) -> dict[int, torch.Tensor]:
     """The cotangent of each argument leaf that vjp gives one for (None is no gradient), cast to the leaf's
-    dtype, its shape checked."""
+    dtype, its shape checked. Trailing Nones beyond one per argument are dropped, as PyTorch drops them."""
     flat: list[Any] = []
+    result = _without_extra_nones(result, args)
     for name, argument, ct in zip(names, args, cotangent_of_each_argument(result, args, names, f, _matches),
                                   strict=True):
         count = len(pytree.tree_leaves(argument))
