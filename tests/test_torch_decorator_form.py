@@ -3,6 +3,7 @@ analytic derivatives, PyTorch's autodiff of the closed form, and its autodiff of
 torch.compile: test_torch_decorator_compiled.py, and here where a test's body is the same (CALLS)."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -271,6 +272,34 @@ def test_an_extra_cotangent_that_is_not_none_is_refused_as_pytorch_refuses_it():
     f = sgm.custom_gradient(lambda x: (2.0 * x, lambda ct: (3.0 * ct, ct)))
     with pytest.raises(ValueError, match=r"returned 2 cotangents for 1 positional argument"):
         f(torch.ones(2, requires_grad=True))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compile(fullgraph)"])
+def test_a_backward_with_one_parameter_per_output_is_told_the_vjp_gets_one_tuple(compiled):
+    """A Function's backward(dw, dv) for two outputs, passed as the VJP as it is: a TypeError that says the VJP
+    gets one tuple of cotangents and how to write it, not Python's bare missing argument; written that way, it
+    gives the Function's gradient (3 + 5 along ones)."""
+    def backward(dw, dv):
+        return 3.0 * dw + 5.0 * dv
+
+    as_is = sgm.custom_gradient(lambda x: ((2.0 * x, 4.0 * x), backward))
+    ported = sgm.custom_gradient(lambda x: ((2.0 * x, 4.0 * x), lambda cts: backward(*cts)))
+
+    def gradient(f, x):
+        x = x.detach().requires_grad_(True)
+        call = torch.compile(lambda x: sum(y.sum() for y in f(x)), fullgraph=True) if compiled else \
+            (lambda x: sum(y.sum() for y in f(x)))
+        call(x).backward()
+        return x.grad
+
+    with pytest.raises(Exception) as raised:  # compiled: Dynamo's own error, with ours as its context
+        gradient(as_is, torch.ones(3))
+    error = raised.value
+    while not isinstance(error, TypeError) and error.__context__ is not None:
+        error = error.__context__
+    assert isinstance(error, TypeError), raised.value
+    assert re.search(r"takes 2 positional parameters.*one: the cotangent of y.*backward\(\*cts\)", str(error))
+    torch.testing.assert_close(gradient(ported, torch.ones(3)), torch.full((3,), 8.0), rtol=0, atol=0)
 
 
 def test_the_wrong_number_of_cotangents_a_wrong_shape_and_a_missing_vjp_are_named():

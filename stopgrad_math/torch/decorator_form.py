@@ -55,7 +55,7 @@ from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.shared.linearity import Judged
 from stopgrad_math.torch import eager_fast_path, identity, linear_ops, second_derivative_guard, vjp_closure
-from stopgrad_math.torch.vjp_conventions import Leaves, argument_cotangents, stand_in, structure_key
+from stopgrad_math.torch.vjp_conventions import Leaves, answer_of, argument_cotangents, stand_in, structure_key
 
 # ---------------------------------------------------------------- the VJP, traced and proven linear
 
@@ -85,9 +85,9 @@ class _Cotangents:
         def cotangents(*cts: torch.Tensor) -> list[torch.Tensor]:
             outputs = self.outputs
             with nesting.evaluating(self.order):
-                answer = vjp(outputs.with_values({
+                answer = answer_of(vjp, outputs.with_values({
                     **{k: None for k in range(len(outputs.values)) if k not in outputs.differentiable},
-                    **dict(zip(outputs.differentiable, cts, strict=True))}))
+                    **dict(zip(outputs.differentiable, cts, strict=True))}), self.f)
             by_leaf = argument_cotangents(answer, args, self.leaves, self.names, self.f)
             self.found = list(by_leaf)
             return list(by_leaf.values()) if kept is None else [by_leaf[k] for k in kept]

@@ -12,6 +12,7 @@ what is wrong.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +97,31 @@ def _matches(argument: Any, cotangent: Any) -> bool:
     """Whether the sequence cotangent is argument's cotangent: argument is a container of its structure."""
     structure = pytree.tree_structure(argument)
     return not structure.is_leaf() and pytree.tree_structure(cotangent) == structure
+
+
+def answer_of(vjp: Callable[[Any], Any], cotangent: Any, f: Callable[..., Any]) -> Any:
+    """vjp called on its one argument, the cotangent of y in y's structure (a tuple where f returns several
+    outputs). Where it fails with a TypeError and takes several required positional parameters, as a Function's
+    ``backward(dw, dv)`` does, the TypeError says how the VJP is called."""
+    try:
+        return vjp(cotangent)
+    except TypeError as error:
+        required = _required_positional(vjp)
+        if required < 2:
+            raise
+        raise TypeError(f"The vjp of {name_of(f)} takes {required} positional parameters, and is called with one: "
+                        "the cotangent of y in y's structure, a tuple where f returns several outputs. A backward "
+                        "written backward(dw, dv) is the VJP lambda cts: backward(*cts).") from error
+
+
+def _required_positional(fn: Callable[..., Any]) -> int:
+    """How many positional parameters fn requires (0 where its signature cannot be read)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters)
 
 
 def _without_extra_nones(result: Any, args: tuple[Any, ...]) -> Any:
