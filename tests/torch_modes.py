@@ -51,6 +51,14 @@ COMPILED_MODES = {
 """torch.compile with fullgraph=True: a graph break raises."""
 
 
+def ours(error: BaseException, kind: type[BaseException]) -> BaseException:
+    """The error of ``kind`` a refusal raised: the error itself eagerly; compiled, Dynamo raises its own
+    InternalTorchDynamoError (a RuntimeError) with ours as its context, found there."""
+    while not isinstance(error, kind) and error.__context__ is not None:
+        error = error.__context__
+    return error
+
+
 def fresh_compilation(monkeypatch):
     """Dynamo reset, and the decorator's proofs made while compiling forgotten: a test compiles and proves anew,
     with whatever it patches in place."""
