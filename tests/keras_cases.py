@@ -304,10 +304,9 @@ def test_the_checker_passes_a_right_gradient_and_fails_a_wrong_one():
 NON_FINITE = np.array([1.0, np.nan, np.inf, -np.inf], dtype=np.float32)
 
 
-def test_a_non_finite_x_gets_the_declared_derivative_where_the_namespace_carries_it():
-    """Issue 54: the rule reaches an element of x that is NaN or ±inf, in both forms and both modes, on the
-    TensorFlow and JAX backends (their namespaces' carriers). On torch the namespace still gives such an element
-    no derivative: the stated limit until PyTorch's part lands (docs/custom_gradient.md)."""
+def test_a_non_finite_x_gets_the_declared_derivative_on_every_backend():
+    """Issue 54: the rule reaches an element of x that is NaN or ±inf, in both forms and both modes, on each
+    backend (its namespace's carrier; on torch it gave such an element no derivative)."""
 
     @sgk.custom_gradient
     def half(x):
@@ -324,9 +323,6 @@ def test_a_non_finite_x_gets_the_declared_derivative_where_the_namespace_carries
     want_half = np.full(4, 0.5)
     with np.errstate(over="ignore"):
         want_sigmoid = 1.0 / (1.0 + np.exp(-NON_FINITE.astype(np.float64)))  # NaN, 1 and 0 at the three
-    if BACKEND == "torch":
-        finite = np.isfinite(NON_FINITE)
-        want_half, want_sigmoid = np.where(finite, want_half, 0.0), np.where(finite, want_sigmoid, 0.0)
     for way in (reverse, forward):
         np.testing.assert_array_equal(way(half, NON_FINITE), want_half)
         np.testing.assert_allclose(way(identity_form, NON_FINITE), want_sigmoid, rtol=1e-6)

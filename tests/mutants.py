@@ -416,6 +416,28 @@ def _tf_no_slope_at_a_non_finite_x(original):
     return masked
 
 
+def _torch_selects_on_j_v(original):
+    """J·v kept at +0.0 by a select where it is not finite, as before issue 54: the select passes no derivative
+    there, which cuts every path through that output element, not only those through the NaN."""
+    import torch
+
+    def selected(p, zeros, linked=True):
+        still = p.detach()
+        return torch.where(torch.isfinite(still), p - still, 0.0)
+    return selected
+
+
+def _torch_no_slope_at_a_non_finite_x(original):
+    """stop(x) − x kept at +0.0 by a select where x is inf or NaN, as before issue 54: no derivative there."""
+    import torch
+
+    def selected(x, slope_is_negative):
+        still = x.detach()
+        zero = still - x if slope_is_negative else x - still
+        return torch.where(torch.isfinite(still), zero, 0.0)
+    return selected
+
+
 def _nothing_varies(original):
     """The JAX namespace reading no manual axis of shard_map from a type: its products, the decorator's cotangents
     and their ones typed invariant where the values vary."""
@@ -533,6 +555,14 @@ MUTANTS = {
         "stopgrad_math.tensorflow.identity", "zero_with_slope", _tf_no_slope_at_a_non_finite_x,
         ("tests/test_non_finite_values.py::test_an_elementwise_rule_reaches_a_non_finite_x",
          "tests/test_non_finite_values.py::test_the_identity_form_passes_gx_at_a_non_finite_x")),
+    "the PyTorch decorator selects on J·v where it is not finite": Mutant(
+        "stopgrad_math.torch.identity", "zero_with_derivative_of", _torch_selects_on_j_v,
+        ("tests/test_torch_non_finite_values.py::test_the_mixing_matmul_with_a_nan_or_inf_is_autodiff_of_its_formula_"
+         "in_reverse_mode",)),
+    "the PyTorch identity drops the derivative at a non-finite x": Mutant(
+        "stopgrad_math.torch.identity", "zero_with_slope", _torch_no_slope_at_a_non_finite_x,
+        ("tests/test_torch_non_finite_values.py::test_an_elementwise_rule_reaches_a_non_finite_x",
+         "tests/test_torch_non_finite_values.py::test_the_identity_form_passes_gx_at_a_non_finite_x")),
     "the JAX namespace types every value as invariant inside shard_map": Mutant(
         "stopgrad_math.jax.identity", "varying", _nothing_varies, ("tests/test_jax_distributed.py",)),
     "the PyTorch table takes every vjp for linear": Mutant(

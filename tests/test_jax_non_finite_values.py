@@ -8,7 +8,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from helpers import bits  # noqa: E402
-from non_finite_cases import CASES, CT, TANGENT_W, TANGENT_X  # noqa: E402
+from non_finite_cases import CASES, CT, TANGENT_W, TANGENT_X, assert_same  # noqa: E402
 
 import stopgrad_math.jax as sgm  # noqa: E402
 
@@ -49,12 +49,6 @@ MODES = {
 }
 
 
-def _assert_same(got, want, what):
-    for g, t in zip(got, want, strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(t), rtol=1e-12, atol=0, equal_nan=True, err_msg=what)
-        assert np.array_equal(np.isnan(g), np.isnan(t)), what  # NaN where the rule puts it, and nowhere else
-
-
 @pytest.mark.parametrize("order", [1, 2])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", CASES)
@@ -64,7 +58,7 @@ def test_the_mixing_matmul_with_a_nan_or_inf_is_autodiff_of_its_formula_in_every
     row of dX and wrong finite numbers in dW."""
     x, w = (jnp.asarray(a) for a in CASES[case])
     f = mixing if order == 1 else sgm.custom_gradient(mixing.__wrapped__, order=2)
-    _assert_same(MODES[mode](f, x, w), MODES[mode](plain, x, w), f"{case}, {mode}")
+    assert_same(MODES[mode](f, x, w), MODES[mode](plain, x, w), f"{case}, {mode}")
     np.testing.assert_array_equal(f(x, w), plain(x, w))  # the value, as it was
 
 
@@ -72,7 +66,7 @@ def test_the_mixing_matmul_with_a_nan_or_inf_is_autodiff_of_its_formula_in_every
 def test_the_mixing_matmul_is_jax_custom_vjp_in_reverse_mode(float64, case):
     x, w = (jnp.asarray(a) for a in CASES[case])
     for mode in ("vjp", "grad", "jit(grad)", "jacrev"):
-        _assert_same(MODES[mode](mixing, x, w), MODES[mode](mixing_vjp, x, w), f"{case}, {mode}")
+        assert_same(MODES[mode](mixing, x, w), MODES[mode](mixing_vjp, x, w), f"{case}, {mode}")
 
 
 AWKWARD_X = jnp.array([1.0, jnp.nan, jnp.inf, -jnp.inf])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch_modes import MODES, bits  # noqa: E402
+from torch_modes import COMPILED_MODES, MODES, bits  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
 
@@ -38,10 +38,11 @@ def test_straight_through_keeps_the_value_and_negative_zero_and_refuses_other_st
     assert torch.equal(out["a"], torch.round(X))
 
 
-def test_straight_through_with_a_non_finite_backward_keeps_the_value_and_passes_nothing_there():
+def test_straight_through_with_a_non_finite_backward_keeps_the_value_and_passes_slope_one_there():
     fn = lambda x: sgm.straight_through(torch.zeros(2), x)  # noqa: E731
     x = torch.tensor([math.inf, 1.0])
-    assert MODES["backward"](fn, x).tolist() == [0.0, 1.0] and MODES["forward_ad"](fn, x).tolist() == [0.0, 1.0]
+    for mode in ("backward", "forward_ad", "func.jvp", "func.vjp"):  # slope one at inf too, as autodiff of x has it
+        assert MODES[mode](fn, x).tolist() == [1.0, 1.0] == MODES[mode](lambda x: x * 1.0, x).tolist()
     assert fn(x).tolist() == [0.0, 0.0]
 
 
@@ -94,8 +95,9 @@ def test_partial_custom_gradient_mixed_second_derivatives():
 def test_zero_with_gradient_is_plus_zero_with_slope_one():
     x = torch.tensor([-0.0, 2.0, math.inf])
     assert np.array_equal(bits(sgm.zero_with_gradient(x)), bits(torch.zeros(3)))  # +0.0 at −0.0 and inf too
-    for mode in ("backward", "forward_ad"):
-        assert MODES[mode](sgm.zero_with_gradient, x).tolist() == [1.0, 1.0, 0.0]
+    for mode in ("backward", "forward_ad", "func.jvp", "compile(fullgraph) backward"):
+        got = {**MODES, **COMPILED_MODES}[mode](sgm.zero_with_gradient, x)
+        assert got.tolist() == [1.0, 1.0, 1.0]  # slope one at inf too, as autodiff of x has it
 
 
 # Elementwise uses of every helper, with the derivative (the Jacobian's diagonal) each must have at X.

@@ -3,14 +3,15 @@ identity's derivative for every value of x, gx and the cotangent, op for op.
 
 Compiled, the ordinary ops make Inductor compute T (``identity.zero_term``: masks, the slope carrier, about
 forty ops) in the forward kernel only to subtract its +0.0, and the partitioner may keep T's masks for the
-backward, a different kernel for each layer of a network. Differentiated by AOTAutograd, with g₀ = g where x is
-finite (else 0), ĝ = g₀ where g₀ is finite (else 0) and s = sign(g₀) (0 for NaN), they come to
+backward, a different kernel for each layer of a network. Differentiated by AOTAutograd, with ĝ = g where g is
+finite (else 0) and s = sign(g) (0 for NaN), they come to
 
-    x̄ = −where(x finite, (−c)·ĝ + where(g₀ finite, 0, (−c)/r)·s, 0),   r = 2·sqrt(k) = where(g₀ finite, 2, 0)
+    x̄ = −((−c)·ĝ + where(g finite, 0, (−c)/r)·s),   r = 2·sqrt(k) = where(g finite, 2, 0)
 
-(r is the slope carrier's square root's derivative at its argument k: 1 where g₀ is finite, +0.0 where it is
+at every x, inf and NaN too (the carrier of ``identity.carried_zero`` passes the cotangent unchanged), where r is
+the slope carrier's square root's derivative at its argument k: 1 where g is finite, +0.0 where it is
 not, so that an infinite g gives an infinite derivative of its sign and a NaN g a NaN one). The Function's
-forward is ``fx − 0.0``, the identity's last op; its backward computes the line above from the saved x and g.
+forward is ``fx − 0.0``, the identity's last op; its backward computes the line above from the saved g.
 Compiled, it gives the compiled ordinary ops' bits over a grid of ±0, subnormal, huge, ±inf and NaN in x, g and the
 cotangent (``tests/test_torch_fast_path.py``), and one short kernel each way, the same for every layer.
 
@@ -38,20 +39,19 @@ class _CompiledIdentity(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(g, x)
+        del x  # an input for its gradient alone: the derivative is g's at every x
+        ctx.save_for_backward(g)
         return torch.sub(fx, 0.0)
 
     @staticmethod
     def backward(ctx: Any, cotangent: torch.Tensor) -> tuple[None, None, torch.Tensor]:
-        g, x = ctx.saved_tensors
-        finite_x = x.abs() < math.inf
-        g = torch.where(finite_x, g, 0.0)  # inf or NaN x: no derivative
+        (g,) = ctx.saved_tensors
         finite_g = g.abs() < math.inf
         sign = (g > 0).to(g.dtype) - (g < 0).to(g.dtype)  # the carrier's s: 0 for NaN
         negated = cotangent.neg()  # the cotangent of T, subtracted from fx
         through_product = negated * torch.where(finite_g, g, 0.0)
         through_carrier = torch.where(finite_g, 0.0, negated / torch.where(finite_g, 2.0, 0.0)) * sign
-        return None, None, torch.where(finite_x, through_product + through_carrier, 0.0).neg()
+        return None, None, (through_product + through_carrier).neg()
 
 
 def identity(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:

@@ -7,7 +7,7 @@ names the op that is not). J·v is then the VJP's own derivative: the VJP of
 the linear map ct ↦ Jᵀct is J, so the pullback of ``torch.func.vjp`` of the
 VJP, applied to the zero v, is J·v, made of the ATen ops' derivatives:
 
-    h = y − zero_with_derivative_of(J·v),   v = stop(x) − x
+    h = y − zero_with_derivative_of(J·v),   v = c(stop(x) − x)
 
 v is +0.0 in value, so h is y bit for bit; the derivative of h w.r.t. x is
 J in every mode (``backward``, ``forward_ad``, ``torch.func``), and its
@@ -353,7 +353,7 @@ def _moving(tensor: torch.Tensor, order: int) -> torch.Tensor:
     ``_evaluated`` evaluates the VJP, so that AOTAutograd's derivative of J·v through it is exact to second order."""
     if order == 1 or not (tensor.is_floating_point() or tensor.is_complex()):
         return identity.stop(tensor)
-    return identity.stop(tensor) + identity.zero_with_slope(tensor, slope_is_negative=False, multiplied=True) / 2
+    return identity.stop(tensor) + identity.zero_with_slope(tensor, slope_is_negative=False) / 2
 
 
 @torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
@@ -607,7 +607,7 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], or
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     if order == 1:
         return call_f(f, leaves.with_values(stopped), kwargs)
-    midpoint = {k: s + identity.zero_with_slope(leaves.values[k], slope_is_negative=False, multiplied=True) / 2
+    midpoint = {k: s + identity.zero_with_slope(leaves.values[k], slope_is_negative=False) / 2
                 for k, s in stopped.items()}
     vjp = call_f(f, leaves.with_values(midpoint), kwargs)[1]
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp
@@ -632,14 +632,15 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
         duals = eager_fast_path.dual_of_map(ys, xs, transposed)
         if duals is not None:
             return outputs.with_values(dict(zip(outputs.differentiable, duals, strict=True)))
-    zeros = [identity.zero_with_slope(x, slope_is_negative=True, multiplied=True) for x in xs]
+    zeros = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
     products = transposed(*zeros) if transposed is not None else \
         torch.func.vjp(linear, *_zeros_like(outputs.tensors()))[1](zeros)
-    # the carrier serves forward mode, and links each output to every x (as a Function's node does): where there
-    # is one of each, a proven J·v links them already, and reverse mode alone can leave it out
-    carried = second_derivative_guard.forward_mode_possible() or len(zeros) > 1 or len(products) > 1
+    # each output linked to every x, as a Function's node links them: where there is one of each, a proven J·v
+    # links them already, and reverse mode alone leaves the link out (forward mode keeps its +0.0 tangent, which
+    # ``eager_fast_path.dual_of_map`` reproduces for every count)
+    linked = second_derivative_guard.forward_mode_possible() or len(zeros) > 1 or len(products) > 1
     return outputs.with_values({
-        k: identity.attach(outputs.values[k], [identity.zero_with_derivative_of(p, zeros, carried)])
+        k: identity.attach(outputs.values[k], [identity.zero_with_derivative_of(p, zeros, linked)])
         for k, p in zip(outputs.differentiable, products, strict=True)})
 
 
@@ -680,7 +681,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         kept, linear, closed_over, transposed = _proven(cotangents, vjp, order)
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
-        zero = sum((identity.zero_with_slope(x, slope_is_negative=True, multiplied=True).real.sum() * 0.0
+        zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0
                     for x in leaves.tensors()), torch.zeros(()))
         return outputs.with_values({k: identity.attach(outputs.values[k], [zero]) for k in outputs.differentiable})
     if guard and not compiling:  # J depends on xs and what the VJP closes over: derivatives of those count

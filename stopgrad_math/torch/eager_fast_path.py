@@ -121,13 +121,14 @@ def finite_identity(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Ten
 
 # ---------------------------------------------------------------- the decorator's J·v, in forward mode alone
 #
-# In forward mode the decorator's ordinary ops are h = y − (zero(p) + N), p = J·v the proven transpose graph run on
-# v = stop(x) − x. Where x and p are finite, PyTorch differentiates them to
+# In forward mode the decorator's ordinary ops are h = y − (zero(p) + L), p = J·v the proven transpose graph run on
+# v = stop(x) − x, and L the link of ``identity.zero_with_derivative_of``. Where x and p are finite, PyTorch
+# differentiates them to
 #
 #     ḣ = −1·((J·(−1·ẋ)) + 0)
 #
 # (a sub or add whose other operand has no tangent passes the tangent on as it is, multiplied by −1 for the
-# subtrahend, which keeps a NaN's sign; the carrier's tangent is +0.0 there; J·ż is J's graph applied to the
+# subtrahend, which keeps a NaN's sign; the link's tangent is +0.0; J·ż is J's graph applied to the
 # tangents where each of its ops is one whose forward-mode derivative is the op itself on the tangents of its live
 # operands: ``_OPS_OF_TANGENTS``). Each such op with a tangent-less operand costs PyTorch a Python shape computation
 # for an efficient zero tensor (150–600 µs at n = 1e3), about seven per call; here the graph is run on the tangents

@@ -1,13 +1,15 @@
 """The stop-gradient identity in PyTorch: stop, the exact zero with slope one, and attaching terms to a value.
 
-    h = stop(f) − T,   T = g·(stop(x) − x) + N   (+0.0 in value, dT = −g·dx)
+    h = stop(f) − T,   T = g·c(stop(x) − x) + N   (+0.0 in value, dT = −g·dx)
 
 ``stop`` is ``detach()``. ``stop(x) − x`` is +0.0 for every finite x, and
-adding ``N`` (+0.0) makes a product of sign −0.0 +0.0, so ``f − T`` is f bit
-for bit. Every op is an ordinary ATen op, with no ``autograd.Function``, so
-``backward``, ``forward_ad``, ``torch.func`` and ``torch.compile`` all see an
-ordinary function (``eager_fast_path`` reproduces its derivative bit for bit
-in plain eager calls).
+NaN where x is inf or NaN: the carrier c (``carried_zero``) keeps +0.0
+there and passes the derivative at every element. Adding ``N`` (+0.0) makes
+a product of sign −0.0 +0.0, so ``f − T`` is f bit for bit. Every other op is
+an ordinary ATen op, which ``backward``, ``forward_ad``, ``torch.func`` and
+``torch.compile`` all see as it is; a plain eager call of finite x leaves the
+carrier out, since it would change no bit (``eager_fast_path`` reproduces
+the identity's derivative bit for bit in plain eager calls).
 
 PyTorch has no multiply-no-NaN: ``g·0`` is NaN where g is inf. So the product
 takes g with its non-finite elements set to 0, and ``N`` carries their
@@ -82,27 +84,58 @@ def _eagerly_finite(t: torch.Tensor) -> bool:
             and all_finite(t))
 
 
-def zero_with_slope(x: torch.Tensor, slope_is_negative: bool, *, multiplied: bool = False) -> torch.Tensor:
-    """x − stop(x) (or stop(x) − x): exactly +0.0, slope ±1 where x is finite.
-
-    inf − inf is NaN: where x is inf or NaN the value is +0.0 all the same.
-    By default a select keeps it, which passes no derivative there whatever
-    the cotangent or tangent holds, as JAX's and TensorFlow's identities do.
-    ``multiplied``: ``nan_to_num`` keeps it, whose derivative multiplies by
-    the mask, so an inf or NaN cotangent or tangent there gives NaN, as plain
-    autodiff's product would (the decorator's J·v, where J at an inf x is
-    the VJP's own). Inductor's CPU code runs nan_to_num's NaN test one
-    element at a time, so the select is also the faster where both serve.
-    PyTorch does not differentiate a complex nan_to_num: there the select
-    stays.
-    """
+def zero_with_slope(x: torch.Tensor, slope_is_negative: bool) -> torch.Tensor:
+    """c(x − stop(x)) (or c(stop(x) − x)): exactly +0.0, slope ±1 at every element, where x is inf or NaN too
+    (x − stop(x) alone is NaN there). c is ``carried_zero``, left out where x is plainly eagerly finite."""
     still = stop(x)
     zero = still - x if slope_is_negative else x - still
-    if _eagerly_finite(still):  # the select or nan_to_num would pass every value and derivative as they are
+    if _eagerly_finite(still):  # +0.0 everywhere already: the carrier would change no bit of it or its derivatives
         return zero
-    if multiplied and not x.is_complex():
-        return torch.nan_to_num(zero, nan=0.0, posinf=0.0, neginf=0.0)
-    return torch.where(finite(still), zero, 0.0)
+    return carried_zero(zero)
+
+
+class _CarriedZero(torch.autograd.Function):
+    """a where it is finite, +0.0 where it is not; backward passes the cotangent unchanged, jvp the tangent."""
+
+    generate_vmap_rule = True  # its forward is ordinary ops of its input: torch.func's vmap batches them
+
+    @staticmethod
+    def forward(a: torch.Tensor) -> torch.Tensor:
+        return torch.where(finite(a), a, 0.0)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        pass  # nothing to save: the derivative is the identity
+
+    @staticmethod
+    def backward(ctx: Any, upstream: torch.Tensor) -> torch.Tensor:
+        return upstream
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: torch.Tensor) -> torch.Tensor:
+        return tangent
+
+
+# Dynamo traces no Function that defines a jvp, nor the template it makes of one under vmap: allowed in the
+# graph, the call is kept as it is, and AOTAutograd traces the Function's forward and its derivative in every
+# mode and transform, as eager autograd runs them.
+@torch._dynamo.allow_in_graph  # type: ignore[untyped-decorator]
+def _carrier_applied(a: torch.Tensor) -> torch.Tensor:
+    return _CarriedZero.apply(a)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def carried_zero(a: torch.Tensor) -> torch.Tensor:
+    """``a`` where it is finite, +0.0 where it is inf or NaN; its derivative is a's at every element, in every mode.
+
+    For a zero such as x − stop(x) (NaN where x is not finite) it is +0.0
+    everywhere with x's derivative everywhere. Ordinary ops cannot give this:
+    every op that maps a NaN value to 0 (a select, ``nan_to_num``) masks the
+    derivative there too. So one ``autograd.Function`` computes the select
+    and passes the cotangent, and the tangent, unchanged; where a is finite
+    that is the select's own derivative bit for bit.
+    """
+    carried: torch.Tensor = _carrier_applied(a)
+    return carried
 
 
 def zero_with_gradient(x: Any) -> torch.Tensor:
@@ -110,7 +143,7 @@ def zero_with_gradient(x: Any) -> torch.Tensor:
 
     The ``u`` of the identity ``stop(f) + stop(g)·u``, for identities of your
     own. At an element of x that is inf or NaN the value is still +0.0 and
-    the derivative there is zero.
+    the derivative there is 1 all the same.
 
     Examples:
         >>> x = torch.tensor([1.0, 2.0], requires_grad=True)
@@ -122,37 +155,26 @@ def zero_with_gradient(x: Any) -> torch.Tensor:
     return zero_with_slope(inexact_tensor(x, "zero_with_gradient's x"), slope_is_negative=False)
 
 
-def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor], carried: bool = True) -> torch.Tensor:
-    """+0.0 in p's shape with p's derivative, p being linear in ``zeros`` (the decorator's J·v, with the zeros
-    ``stop(x) − x``).
+def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor], linked: bool = True) -> torch.Tensor:
+    """c(p − stop(p)): +0.0 in p's shape with p's derivative at every element, p being linear in ``zeros`` (the
+    decorator's J·v, with the zeros c(stop(x) − x)).
 
-    p − stop(p) is +0.0 where p is finite (a −0.0 product included). Where p
-    is inf or NaN (an infinite element in the VJP's J) the select keeps +0.0;
-    in reverse mode the derivative there is still not a silent zero, since
-    the select's zero cotangent times J's infinite element is NaN, at the
-    elements of x that J connects. In forward mode a carrier makes the
-    derivative NaN there: sqrt(k + u) − k, with k = 1 where p is finite
-    (slope 0) and 0 where it is not, whose slope is then 0/0, and u = +0.0
-    with a zero tangent and no cotangent at all: a select that never takes
-    its live branch, Σ zeros (forward mode gives a select a tangent where a
-    branch has one, and reverse mode passes a select's unchosen branch an
-    exact zero). So a NaN or inf in the cotangent or the tangent stays at
-    the elements it reaches through J, as in plain autodiff. Reverse mode
-    gets nothing through the carrier but a link to every zero: ``carried=False``
-    leaves it out where forward mode cannot reach the result and p reads
-    every zero.
+    p − stop(p) is +0.0 where p is finite (a −0.0 product included), and NaN
+    where J holds an inf or NaN (NaN·0): the carrier keeps +0.0 there and
+    passes p's derivative, J's product with the zeros', which a NaN in J cuts
+    only on the paths through it, as in plain autodiff. ``linked`` adds a
+    select that never takes its live branch, Σ zeros, +0.0 with a zero
+    tangent: reverse mode passes its unchosen branch an exact zero, which
+    links each output to every zero as a Function's node does, and
+    ``eager_fast_path.dual_of_map`` reproduces its +0.0 tangent.
     """
     still = stop(p)
-    if not carried and _eagerly_finite(still):  # the select would pass every value and derivative as they are
-        return p - still
-    finite_p = finite(still)
-    zero = torch.where(finite_p, p - still, 0.0)
-    if not carried:
+    zero = p - still if _eagerly_finite(still) else carried_zero(p - still)
+    if not linked:
         return zero
-    k = finite_p.to(zero.real.dtype)
-    total = sum((z.real.sum() for z in zeros), torch.zeros((), dtype=k.dtype, device=k.device))
-    never = torch.zeros_like(finite_p)
-    return zero + (torch.sqrt(k + torch.where(never, total, 0.0)) - k).to(zero.dtype)
+    total = sum((z.real.sum() for z in zeros), torch.zeros((), dtype=zero.real.dtype, device=zero.device))
+    never = torch.zeros((), dtype=torch.bool, device=zero.device)
+    return zero + torch.where(never, total, 0.0).to(zero.dtype)
 
 
 def attach(value: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
@@ -164,7 +186,7 @@ def attach(value: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
 
 def _slope_carrier(g: torch.Tensor, finite_g: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """N: +0.0 in g·zero's shape whose derivative is g·d(zero) where g is not finite (inf of g's sign, NaN for a
-    NaN or complex g), and exactly 0 where it is. ``zero`` is stop(x) − x; g is 0 where x is not finite.
+    NaN or complex g), and exactly 0 where it is. ``zero`` is c(stop(x) − x).
 
     N = sqrt(k + s·zero) − k, with k = 1 where g is finite (N = 1 − 1, selected: slope exactly 0) and s = ±1
     for ±inf (0 for NaN): there the square root is at +0.0 (addcmul adds k's +0.0 to −zero's −0.0), whose slope
@@ -180,7 +202,6 @@ def _slope_carrier(g: torch.Tensor, finite_g: torch.Tensor, zero: torch.Tensor) 
 def zero_term(layout: Layout, fx: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """T: +0.0 broadcasting to fx's shape, derivative −g·dx in its layout (``attach`` subtracts it)."""
     zero = zero_with_slope(x, slope_is_negative=True)
-    g = torch.where(finite(stop(x)), g, 0.0)  # inf or NaN x: no derivative
     finite_g = finite(g)
     # carrier + g·zero in one op: its +0.0 makes the product's −0.0 (a negative g) +0.0, as f − T needs
     product = torch.addcmul(_slope_carrier(g, finite_g, zero).to(fx.dtype), torch.where(finite_g, g, 0.0),

@@ -71,7 +71,7 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
     of ``sum(fx)``. Complex values follow PyTorch's convention (the JVP is
     gx·tangent, the VJP conj(gx)·cotangent). An infinite gx gives an infinite
     derivative of its sign; an inf or NaN element of x keeps the value and
-    gets no derivative.
+    gets gx as any other does (through ``identity.carried_zero``).
 
     **Decorator form**: ``f(*args)`` returns ``(y, vjp)``; the decorated f
     has the value y bit for bit and the VJP's derivative under ``backward``,

@@ -121,7 +121,7 @@ def guarded(gradient: torch.Tensor, live: list[torch.Tensor], name: str) -> torc
         raise LookupError(BEYOND_ORDER[1].format(name=name))
     if not torch.is_grad_enabled():
         return gradient
-    reached = sum((zero_with_slope(t, slope_is_negative=False, multiplied=True).real.sum() for t in live),
+    reached = sum((zero_with_slope(t, slope_is_negative=False).real.sum() for t in live),
                   torch.zeros((), dtype=gradient.real.dtype, device=gradient.device))
 
     def refuse(_: torch.Tensor) -> None:
