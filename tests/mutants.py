@@ -438,6 +438,14 @@ def _torch_no_slope_at_a_non_finite_x(original):
     return selected
 
 
+def _nothing_unrecorded(original):
+    """No check of what f computed without grad mode: order=2 with a Function's no_grad forward gives a fraction of
+    the Hessian, as before issue 54."""
+    def unchecked(watch, read, name):
+        return None
+    return unchecked
+
+
 def _nothing_varies(original):
     """The JAX namespace reading no manual axis of shard_map from a type: its products, the decorator's cotangents
     and their ones typed invariant where the values vary."""
@@ -563,6 +571,10 @@ MUTANTS = {
         "stopgrad_math.torch.identity", "zero_with_slope", _torch_no_slope_at_a_non_finite_x,
         ("tests/test_torch_non_finite_values.py::test_an_elementwise_rule_reaches_a_non_finite_x",
          "tests/test_torch_non_finite_values.py::test_the_identity_form_passes_gx_at_a_non_finite_x")),
+    "the PyTorch decorator lets order=2 read what f computed without grad mode": Mutant(
+        "stopgrad_math.torch.unrecorded", "check", _nothing_unrecorded,
+        ("tests/test_torch_decorator_form.py::test_order_2_with_a_forward_without_grad_mode_raises_never_a_"
+         "fraction_of_the_hessian",)),
     "the JAX namespace types every value as invariant inside shard_map": Mutant(
         "stopgrad_math.jax.identity", "varying", _nothing_varies, ("tests/test_jax_distributed.py",)),
     "the PyTorch table takes every vjp for linear": Mutant(

@@ -376,6 +376,69 @@ def test_order_1_first_derivatives_under_an_outer_transform_that_does_not_differ
     torch.testing.assert_close(got, torch.exp(torch.sin(X64)) * torch.cos(X64))
 
 
+def _sin_computed_without_grad(order, how):
+    """sin whose VJP closes over cos(x) computed as a Function's forward computes: under no_grad (or
+    ``inference_mode``), or detached (a stop its author wrote)."""
+    @sgm.custom_gradient(order=order)
+    def sin(x):
+        if how == "detach":
+            c = torch.cos(x).detach()
+        else:
+            with torch.no_grad() if how == "no_grad" else torch.inference_mode():
+                c = torch.cos(x)
+        return torch.sin(x), lambda ct: ct * c
+
+    return sin
+
+
+@pytest.mark.parametrize("how", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("way", SECOND)
+def test_order_2_with_a_forward_without_grad_mode_raises_never_a_fraction_of_the_hessian(way, how):
+    """The VJP reads cos(x) computed with grad mode off: reverse mode has no record of its dependence on x, so
+    order=2 cannot be exact (torch.func.hessian gave half the term, create_graph none): a ValueError that names
+    grad mode and says what to do. The same f in grad mode is exact (above)."""
+    with pytest.raises(ValueError, match=r"with grad mode off \(no_grad.*Compute that tensor in grad mode"):
+        _second(way, _sin_computed_without_grad(2, how), X64)
+
+
+def test_order_2_with_a_forward_without_grad_mode_raises_under_torch_compile_too():
+    g = lambda x: torch.exp(_sin_computed_without_grad(2, "no_grad")(x)).sum()  # noqa: E731
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as raised:
+        torch.compile(torch.func.hessian(g), fullgraph=True)(X64)
+    assert "with grad mode off" in str(ours(raised.value, ValueError))
+
+
+def test_order_2_forward_over_forward_records_a_forward_without_grad_mode_and_is_exact():
+    """Forward mode records through no_grad, so jacfwd(jacfwd) differentiates cos(x) all the same: exact, and not
+    refused."""
+    g = lambda x: torch.exp(_sin_computed_without_grad(2, "no_grad")(x)).sum()  # noqa: E731
+    torch.testing.assert_close(torch.func.jacfwd(torch.func.jacfwd(g))(X64).diagonal(), _analytic_second(X64))
+
+
+def test_order_2_takes_a_detach_in_f_as_the_stop_its_author_wrote():
+    """cos(x).detach() makes J constant by the rule as written: every second-derivative way gives that rule's
+    Hessian, the one of exp(s) with s' = stop(cos x), alike in forward and reverse mode, and nothing is refused."""
+    x = X64.clone()
+    want = torch.exp(torch.sin(x)) * torch.cos(x) ** 2  # without the −sin(x) term that J's own derivative adds
+    for way in SECOND:
+        torch.testing.assert_close(_second(way, _sin_computed_without_grad(2, "detach"), X64), want)
+
+
+def test_order_2_reads_a_weight_under_no_grad_as_a_constant_of_the_arguments():
+    """A tensor f computes under no_grad from something other than its arguments (a weight) is not followed: its
+    term is not a derivative w.r.t. the arguments, and the Hessian w.r.t. them is exact."""
+    w = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+
+    @sgm.custom_gradient(order=2)
+    def scaled_square(x):
+        with torch.no_grad():
+            s = (w * w).sum()
+        return (s * x * x).sum() / 2, lambda ct: ct * s * x
+
+    assert torch.func.hessian(scaled_square)(X64).diagonal().tolist() == [14.0] * 4
+
+
 def test_order_2_third_derivatives_raise_under_torch_func():
     g = lambda x: torch.exp(_sin_decorated(2)(x)).sum()  # noqa: E731
     with pytest.raises(LookupError, match="third derivative"):

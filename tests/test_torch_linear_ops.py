@@ -148,6 +148,16 @@ def test_a_term_that_does_not_depend_on_the_cotangent_is_const_and_zeros_are_zer
     assert graph.states() == [State.CONST, State.ZERO, State.ZERO, State.ZERO]  # ct·0: the zero map
 
 
+def test_zeros_multiplied_or_added_stay_zero_so_an_iteration_from_zeros_is_linear():
+    """0·S, 0 @ M, M @ 0, 0 + 0 and einsum with a zero, the zeros made inside, are zero (a product with a zero
+    factor, as a product whose cotangent side is zero already is); S + 0 is not. So ``v = 0; v = ct + v @ M`` is
+    linear, where it was refused as affine."""
+    graph = linear_ops.trace(lambda ct: [torch.zeros(4) * S, torch.zeros(4) @ M, M @ torch.zeros(4),
+                                         torch.zeros(4) + torch.zeros(4), torch.einsum("i,ij->j", torch.zeros(4), M),
+                                         S + torch.zeros(4), ct + torch.zeros(4) @ M], torch.zeros(4))
+    assert graph.states() == [State.ZERO] * 5 + [State.CONST, State.LINEAR]
+
+
 def test_an_op_that_reads_only_the_cotangents_shape_does_not_depend_on_it():
     graph = linear_ops.trace(lambda ct: [ct.new_zeros(4), torch.zeros_like(ct), torch.ones_like(ct),
                                          ct.new_full((4,), 2.0)], torch.zeros(4))

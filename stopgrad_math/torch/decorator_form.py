@@ -41,11 +41,13 @@ import itertools
 import logging
 import types
 import typing
+import warnings
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
+from torch._C._functorch import get_unwrapped, is_batchedtensor, is_functorch_wrapped_tensor
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 from torch.utils import _pytree as pytree
 
@@ -54,10 +56,17 @@ from stopgrad_math.shared import bounded_cache, closure_key, linearity, nesting,
 from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.shared.linearity import Judged
-from stopgrad_math.torch import eager_fast_path, identity, linear_ops, second_derivative_guard, vjp_closure
+from stopgrad_math.torch import eager_fast_path, identity, linear_ops, second_derivative_guard, unrecorded, vjp_closure
 from stopgrad_math.torch.vjp_conventions import Leaves, answer_of, argument_cotangents, stand_in, structure_key
 
 # ---------------------------------------------------------------- the VJP, traced and proven linear
+
+
+EVERY_COTANGENT_NONE = (
+    "The vjp of {name} returned None for every argument of a call whose arguments require grad: every gradient "
+    "through {name} is zero. Inside f the arguments are stopped, as a Function's forward sees them, so a guard "
+    "such as `if x.requires_grad` (a port of ctx.needs_input_grad) is always false there: drop it and return every "
+    "cotangent; autograd takes only those it needs.")
 
 
 class _Cotangents:
@@ -77,6 +86,13 @@ class _Cotangents:
         trace outside a torch.func transform may touch (a wrapper of the transform, there, may not be)."""
         leaves, outputs = self.leaves.described(), self.outputs.described()
         return lambda: _Cotangents(self.f, self.names, leaves(), outputs(), self.order)
+
+    def warn_if_none_found(self) -> None:
+        """After a trace of the VJP: a warning (once per f and message, Python's default filter) where it returned
+        None for every argument of a call whose arguments require grad."""
+        if not self.found and any(getattr(self.leaves.values[k], "requires_grad", False)
+                                  for k in self.leaves.differentiable):
+            warnings.warn(EVERY_COTANGENT_NONE.format(name=name_of(self.f)), stacklevel=5)
 
     def of(self, vjp: Callable[[Any], Any], kept: list[int] | None = None) -> Callable[..., list[torch.Tensor]]:
         """``vjp`` read leaf by leaf; ``kept``: the argument leaves (by index) to return, by default all found."""
@@ -101,15 +117,25 @@ def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any]) -> linear_ops.Tr
     transform those are the transform's wrappers, so they are lifted out (the graph's first constants) and it
     is traced outside the transform on fake stand-ins of their shapes (a VJP that reads a tensor's value in
     Python then raises)."""
+    sparse = vjp_closure.sparse_read(vjp)
+    if sparse is not None:
+        raise _sparse_refusal(cotangents.f, sparse)
+    if second_derivative_guard.in_transform():
+        return _traced_under_transform(cotangents, vjp)
+    try:
+        traced = linear_ops.trace(cotangents.of(vjp), *cotangents.examples())
+    except (ValueError, TypeError, LookupError):
+        raise
+    except Exception as error:  # what make_fx raises on a read of the cotangent, or on what it cannot trace
+        raise _untraceable(cotangents.f, error, "eagerly", vjp) from error
+    cotangents.warn_if_none_found()
+    return traced
+
+
+def _traced_under_transform(cotangents: _Cotangents, vjp: Callable[[Any], Any]) -> linear_ops.Traced:
+    """``_traced`` under a torch.func transform: by shapes alone, outside it, its closed-over tensors lifted out."""
     name = name_of(cotangents.f)
     examples = cotangents.examples()
-    if not second_derivative_guard.in_transform():
-        try:
-            return linear_ops.trace(cotangents.of(vjp), *examples)
-        except (ValueError, TypeError, LookupError):
-            raise
-        except Exception as error:  # what make_fx raises on a read of the cotangent, or on what it cannot trace
-            raise _untraceable(cotangents.f, error, "eagerly") from error
     lifted = vjp_closure.lifted(vjp)
     if lifted is None:
         raise ValueError(f"The vjp of {name} is a {type(vjp).__name__}, not a function: under torch.func the "
@@ -124,8 +150,26 @@ def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any]) -> linear_ops.Tr
         except (ValueError, TypeError, LookupError):
             raise
         except Exception as error:  # what make_fx raises on a value read or a wrapped tensor
-            raise _untraceable(cotangents.f, error, "under torch.func") from error
+            raise _untraceable(cotangents.f, error, "under torch.func", vjp) from error
+    cotangents.warn_if_none_found()
+    count = len(examples)  # the cotangents' placeholders, then the lifted tensors'
+    batched = {count + k for k, t in enumerate(lifted.tensors) if _batched(t)}
+    masked = linear_ops.boolean_mask_op(traced.graph, batched) if batched else None
+    if masked is not None:
+        raise ValueError(f"The vjp of {name} indexes with a boolean mask ({masked}: g[mask] = 0, g[mask], nonzero) "
+                         "computed from a tensor vmap batches, whose shape then depends on the mask's values, so "
+                         "vmap cannot batch it. Write the choice with torch.where (g = torch.where(mask, 0, g)), "
+                         "which every transform batches.")
     return dataclasses.replace(traced, constants=[*lifted.tensors, *traced.constants])
+
+
+def _batched(tensor: torch.Tensor) -> bool:
+    """Whether the tensor is batched by a torch.func vmap, at any level of its wrappers."""
+    while is_functorch_wrapped_tensor(tensor):
+        if is_batchedtensor(tensor):
+            return True
+        tensor = get_unwrapped(tensor)
+    return False
 
 
 def _traced_by_shapes(cotangents: _Cotangents, describe: Callable[[], _Cotangents],
@@ -145,10 +189,19 @@ def _traced_by_shapes(cotangents: _Cotangents, describe: Callable[[], _Cotangent
     return traced
 
 
-def _untraceable(f: Callable[..., Any], error: Exception, where: str) -> ValueError:
-    """What make_fx raised on a VJP it traced (a value read, a wrapped tensor, a compiled function), said as what to
-    change: ``where`` is "eagerly", where only the cotangent is fake, "under torch.func", where the tensors the VJP
-    closes over are lifted out, or "under torch.compile"."""
+def _sparse_refusal(f: Callable[..., Any], sparse: str) -> ValueError:
+    return ValueError(f"The vjp of {name_of(f)} reads the sparse tensor {sparse}, which the decorator cannot trace "
+                      "into ATen ops to prove the vjp linear: PyTorch's fake tensors have no sparse layout. Close "
+                      "over it dense (to_dense()), or keep this rule an autograd.Function.")
+
+
+def _untraceable(f: Callable[..., Any], error: Exception, where: str, vjp: Any = None) -> ValueError:
+    """What make_fx raised on a VJP it traced (a value read, a wrapped tensor, a compiled function, a sparse tensor),
+    said as what to change: ``where`` is "eagerly", where only the cotangent is fake, "under torch.func", where the
+    tensors the VJP closes over are lifted out, or "under torch.compile"."""
+    sparse = vjp_closure.sparse_read(vjp)
+    if sparse is not None:
+        return _sparse_refusal(f, sparse)
     if "dynamo-optimized" in str(error):
         return ValueError(f"The vjp of {name_of(f)} calls a function compiled with torch.compile, which the "
                           "decorator cannot trace into ATen ops to prove it linear: call the function uncompiled "
@@ -268,6 +321,7 @@ def _proof(cotangents: _Cotangents, opened: closure_key.Opened) -> Any:
         kept = _proven_states(cotangents, traced.states())
     except Exception:  # a read of a value (an op on it: item's _local_scalar_dense), or no proof: the trace on the
         return _TRACED_AT_EVERY_CALL  # real tensors it closes over says what is allowed, or names the op
+    cotangents.warn_if_none_found()
     if not all(k in traced.literals and c.numel() == 1 for k, c in enumerate(traced.constants)):
         return _TRACED_AT_EVERY_CALL
     if not kept:
@@ -395,12 +449,17 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
     structure = pytree.tree_structure(skeleton)
     count = len(cotangents)
     read: list[_Cotangents] = []
+    vjps: list[Any] = []  # the last one f returned, for an error to read
 
     def vjp_of_f(*values: torch.Tensor) -> list[torch.Tensor]:
         given = dict(zip(tensors, values[count:], strict=True))
         args, kwargs = pytree.tree_unflatten([given.get(k, v) for k, v in enumerate(flat)], structure)
-        with nesting.evaluating(1):  # a decorated call in f gives its value alone: only the VJP's ops are judged
-            y, vjp = call_f(f, args, kwargs)
+        roots = list(values[count:]) if order == 2 else None  # (its argument tensors)
+        with nesting.evaluating(1), unrecorded.watching(roots) as watch:  # a decorated call in f gives its value
+            y, vjp = call_f(f, args, kwargs)  # alone: only the VJP's ops are judged
+        vjps.append(vjp)
+        lifted = vjp_closure.lifted(vjp)
+        unrecorded.check(watch, [] if lifted is None else lifted.tensors, name_of(f))
         read.append(_Cotangents(f, list(names), Leaves.of_arguments(args, list(names)), Leaves.of(y, "y"), order))
         return read[-1].of(vjp)(*values[:count])
 
@@ -428,7 +487,7 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
     except (ValueError, TypeError, LookupError):
         raise
     except Exception as error:
-        raise _untraceable(f, error, "under torch.compile") from error
+        raise _untraceable(f, error, "under torch.compile", vjps[-1] if vjps else None) from error
 
 
 def _routed(f: Callable[..., Any], traced: linear_ops.Traced, flat: Sequence[Any], order: int,
@@ -601,16 +660,20 @@ def _one_element(outputs: Leaves, xs: list[torch.Tensor]) -> bool:
     return y.numel() == 1 and all(x.is_complex() == y.is_complex() for x in xs)
 
 
-def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], order: int) -> tuple[Any, Any]:
+def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
+               order: int) -> tuple[Any, Any, unrecorded.Watch | None]:
     """f's ``(y, vjp)``: y at stop(x); the VJP at stop(x) (order 1: what it closes over is stopped when it is
-    embedded), or at the midpoint stop(x) + (x − stop(x))/2 (order 2)."""
+    embedded), or at the midpoint stop(x) + (x − stop(x))/2 (order 2), watched where reverse mode may
+    differentiate it eagerly (``unrecorded``: a watch of what f computed without grad mode; else None)."""
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     if order == 1:
-        return call_f(f, leaves.with_values(stopped), kwargs)
+        return (*call_f(f, leaves.with_values(stopped), kwargs), None)
     midpoint = {k: s + identity.zero_with_slope(leaves.values[k], slope_is_negative=False) / 2
                 for k, s in stopped.items()}
-    vjp = call_f(f, leaves.with_values(midpoint), kwargs)[1]
-    return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp
+    reverse = not torch.compiler.is_compiling() and any(m.requires_grad for m in midpoint.values())
+    with unrecorded.watching(list(midpoint.values()) if reverse else None) as watch:
+        vjp = call_f(f, leaves.with_values(midpoint), kwargs)[1]
+    return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
 
 
 def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: int,
@@ -666,7 +729,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     leaves = Leaves.of_arguments(args, names)
     if not leaves.differentiable:
         return call_f(f, args, kwargs)[0]
-    y, vjp = _evaluated(f, leaves, kwargs, order)
+    y, vjp, watch = _evaluated(f, leaves, kwargs, order)
     outputs = Leaves.of(y, "y")
     if not outputs.differentiable:
         return y
@@ -679,6 +742,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         linear = cotangents.of(vjp, kept) if registered is None else registered
     else:
         kept, linear, closed_over, transposed = _proven(cotangents, vjp, order)
+        unrecorded.check(watch, closed_over, name)
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0

@@ -33,6 +33,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared.linearity import AFFINE, Finding, Judged, State
 
@@ -153,6 +154,12 @@ _VIEWS = (  # linear in their first argument; ZERO stays ZERO through them
 )
 _CASTS = ("_to_copy", "to")
 
+_PRODUCTS: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {  # the two factors' arguments, and terms added
+    **dict.fromkeys(("mul", "mm", "bmm", "mv", "dot", "vdot", "matmul", "outer", "kron"), ((0, 1), ())),
+    **dict.fromkeys(("addmm", "addmv", "baddbmm", "addbmm"), ((1, 2), (0,))),
+    "convolution": ((0, 1), (2,)),
+}
+
 RULES: dict[str, _Rule] = {
     **{name: _linear_in((0,)) for name in (
         *_VIEWS, "neg", "sum", "mean", "cumsum", "index", "index_select", "gather", "take", "diag", "diag_embed",
@@ -170,10 +177,8 @@ RULES: dict[str, _Rule] = {
     "index_put": _linear_in((0, 2), "indexes by the cotangent's values"),
     "copy": _copy,
     "fill": _fill,
-    **{name: _one_side() for name in ("mul", "mm", "bmm", "mv", "dot", "vdot", "matmul", "outer", "kron")},
+    **{name: _one_side(sides, added) for name, (sides, added) in _PRODUCTS.items()},
     "einsum": _einsum,
-    **{name: _one_side((1, 2), added=(0,)) for name in ("addmm", "addmv", "baddbmm", "addbmm")},
-    "convolution": _one_side(added=(2,)),
     "div": _division,
     "linalg_solve_triangular": lambda op, operands, literals: (
         Finding(op, "solves against the cotangent") if _carries(operands[0]) else State.LINEAR),
@@ -252,8 +257,18 @@ class _Walk:
 
 
 def _constant(name: str, arguments: list[Any], operands: Operands) -> Judged:
-    """The state of an op that reads no cotangent: ZERO where it makes zeros or views or casts them."""
+    """The state of an op that reads no cotangent: ZERO where it makes zeros, views or casts them, multiplies by
+    them (as a product with the cotangent's side zero is zero) or adds them (``v = 0; v = ct + v @ a``)."""
     if name in _ZEROS:
+        return State.ZERO
+    if name in _PRODUCTS:
+        sides, added = _PRODUCTS[name]
+        if any(State.ZERO in operands[k] for k in sides if k < len(operands)) and all(
+                s is State.ZERO for k in added if k < len(operands) for s in operands[k]):
+            return State.ZERO
+    if name == "einsum" and State.ZERO in operands[1]:
+        return State.ZERO
+    if name in ("add", "sub") and all(s is State.ZERO for s in (*operands[0], *operands[1])):
         return State.ZERO
     if name in _FILLS and len(arguments) > _FILLS[name] and _literal_state(arguments[_FILLS[name]]) is State.ZERO:
         return State.ZERO
@@ -453,6 +468,45 @@ def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int
     _drop_writes_into_inputs(functional)
     return Traced(functional, constants, count, frozenset(len(examples) + k for k in zeros), _ops(recorded),
                   frozenset(literals))
+
+
+_MASKED_INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put",
+                               "_unsafe_index", "masked_select", "nonzero", "masked_scatter"})
+
+
+def boolean_mask_op(module: fx.GraphModule, batched: set[int]) -> str | None:
+    """The first op of the graph that indexes with a boolean mask computed from a batched input (the placeholders
+    at ``batched``, by position): ``g[mask] = 0``, ``g[mask]``, ``nonzero``, ``masked_select``, whose batched form
+    has a shape that depends on values, which vmap cannot batch (a mask of an unbatched input it can)."""
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    sources = {placeholders[k] for k in batched if k < len(placeholders)}
+    for node in module.graph.nodes:
+        name = _name(node.target).split(".")[0] if node.op == "call_function" else ""
+        if name not in _MASKED_INDEXING:
+            continue
+        masks = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)
+                 and (name in ("nonzero", "masked_select", "masked_scatter") or _is_bool(a))]
+        if any(_reaches_any(mask, sources) for mask in masks):
+            return name
+    return None
+
+
+def _is_bool(node: fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.dtype == torch.bool
+
+
+def _reaches_any(node: fx.Node, sources: set[fx.Node]) -> bool:
+    """Whether the node is computed from any of ``sources``."""
+    seen, pending = set(), [node]
+    while pending:
+        current = pending.pop()
+        if current in sources:
+            return True
+        if current not in seen:
+            seen.add(current)
+            pending += [a for a in pytree.tree_leaves((current.args, current.kwargs)) if isinstance(a, fx.Node)]
+    return False
 
 
 def _ops(module: fx.GraphModule) -> tuple[str, ...]:

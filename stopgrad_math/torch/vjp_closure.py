@@ -134,3 +134,32 @@ def keyed(vjp: Callable[..., Any]) -> closure_key.Opened | None:
     """The VJP as a key and its closed-over tensors (``shared.closure_key``); None where it holds something a key
     cannot capture (a list, an object, a tensor read from a global), and is traced at every call."""
     return closure_key.opened(vjp, _TENSORS)
+
+
+def sparse_read(vjp: Any) -> str | None:
+    """The name by which the VJP reads a tensor of a sparse layout (a cell of its closure, a default, a global its
+    code names, or a tuple, list or dict held there), where it reads one; None otherwise. PyTorch's fake tensors
+    have no sparse layouts, so such a VJP cannot be traced into ATen ops."""
+    if not isinstance(vjp, types.FunctionType):
+        return None
+    named: list[tuple[str, Any]] = []
+    for name, cell in zip(vjp.__code__.co_freevars, vjp.__closure__ or (), strict=True):
+        try:
+            named.append((name, cell.cell_contents))
+        except ValueError:  # a cell not yet filled
+            continue
+    named += [(f"a default ({k})", v) for k, v in enumerate(vjp.__defaults__ or ())]
+    named += [(name, vjp.__globals__[name]) for name in vjp.__code__.co_names if name in vjp.__globals__]
+    for name, value in named:
+        if any(isinstance(t, torch.Tensor) and t.layout != torch.strided for t in _held(value)):
+            return name
+    return None
+
+
+def _held(value: Any) -> list[Any]:
+    """The value, or the items of a tuple, list or dict (one level)."""
+    if type(value) in (tuple, list):
+        return list(value)
+    if type(value) is dict:
+        return list(value.values())
+    return [value]

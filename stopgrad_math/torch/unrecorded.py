@@ -1,0 +1,76 @@
+"""Tensors f computes from its arguments with grad mode off: what ``order=2`` cannot differentiate through.
+
+At ``order=2`` the decorator runs f at the midpoint and differentiates the
+VJP through what it closes over. A tensor f computed from a moving argument
+under ``no_grad`` (``set_grad_enabled(False)``, ``inference_mode``), as a
+Function's forward runs, keeps no record of that dependence for reverse mode,
+while forward mode records it all the same: ``torch.func.hessian`` took half
+of the Hessian's term through it and ``create_graph`` none. ``watching``
+follows what f computes from its arguments while it runs (a torch function
+mode), marking what is computed with grad mode off and what follows from
+that, and ``check`` raises where the VJP reads a marked tensor. A tensor
+read from elsewhere (a weight) is not followed, and a ``detach()`` written
+in f is a stop its author chose, taken as one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+UNRECORDED = (
+    "The vjp of {name} reads a tensor that f computed from its arguments with grad mode off (no_grad, "
+    "set_grad_enabled(False), inference_mode), as a Function's forward runs. order=2 differentiates the vjp "
+    "through what it reads, and reverse mode has no record of that tensor's dependence on the arguments: a second "
+    "derivative would miss its term (torch.func.hessian would take half of it). Compute that tensor in grad mode in "
+    "f (the decorator stops f's value, so grad mode adds no derivative to y), or decorate with order=1, where a "
+    "second derivative raises.")
+
+
+class Watch(TorchFunctionMode):
+    """Follows the ops run on tensors computed from ``roots`` (the moving arguments): an inexact result is
+    ``derived``, and ``lost`` where grad mode is off or an operand is lost already."""
+
+    def __init__(self, roots: Iterable[torch.Tensor]) -> None:
+        super().__init__()
+        self.derived: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary(
+            {id(t): t for t in roots})
+        self.lost: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        operands = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        from_lost = any(_holds(self.lost, t) for t in operands)
+        if from_lost or any(_holds(self.derived, t) for t in operands):
+            marked = self.lost if from_lost or not torch.is_grad_enabled() else self.derived
+            for out in pytree.tree_leaves(result):
+                if isinstance(out, torch.Tensor) and (out.is_floating_point() or out.is_complex()):
+                    marked[id(out)] = out
+        return result
+
+
+def _holds(marked: weakref.WeakValueDictionary[int, torch.Tensor], tensor: torch.Tensor) -> bool:
+    return marked.get(id(tensor)) is tensor
+
+
+@contextlib.contextmanager
+def watching(roots: list[torch.Tensor] | None) -> Iterator[Watch | None]:
+    """A watch of the ops run inside on what is computed from ``roots``; None where roots is None."""
+    if roots is None:
+        yield None
+        return
+    watch = Watch(roots)
+    with watch:
+        yield watch
+
+
+def check(watch: Watch | None, read: Iterable[Any], name: str) -> None:
+    """ValueError (``UNRECORDED``) where the VJP of ``name`` reads (``read``) a tensor the watch found lost."""
+    if watch is not None and any(isinstance(t, torch.Tensor) and _holds(watch.lost, t) for t in read):
+        raise ValueError(UNRECORDED.format(name=name))
