@@ -402,11 +402,17 @@ def test_order_2_with_a_forward_without_grad_mode_raises_never_a_fraction_of_the
 
 
 def test_order_2_with_a_forward_without_grad_mode_raises_under_torch_compile_too():
+    """Ours, from the proof made as Dynamo traces f; torch 2.6's Dynamo refuses f's no_grad under func.hessian
+    before (its own Unsupported), which is as loud."""
     g = lambda x: torch.exp(_sin_computed_without_grad(2, "no_grad")(x)).sum()  # noqa: E731
     torch._dynamo.reset()
     with pytest.raises(Exception) as raised:
         torch.compile(torch.func.hessian(g), fullgraph=True)(X64)
-    assert "with grad mode off" in str(ours(raised.value, ValueError))
+    error = ours(raised.value, ValueError)
+    if not isinstance(error, ValueError) and tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 8):
+        assert isinstance(raised.value, torch._dynamo.exc.Unsupported)
+        return
+    assert "with grad mode off" in str(error)
 
 
 def test_order_2_forward_over_forward_records_a_forward_without_grad_mode_and_is_exact():

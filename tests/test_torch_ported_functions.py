@@ -359,6 +359,15 @@ def _closing_over_a_sparse_tensor():
     return product
 
 
+def _sparse_product_under_torch_func():
+    """Whether this PyTorch runs a sparse product with a dense tensor that torch.func wraps (2.6 does not)."""
+    try:
+        torch.func.grad(lambda x: torch.sparse.mm(SPARSE, x).sum())(torch.ones(3, 2, dtype=torch.float32))
+    except RuntimeError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("how", ["backward", "func.grad", "compile(fullgraph) backward"])
 @pytest.mark.parametrize("reads", ["a global", "a closure"])
 def test_a_vjp_reading_a_sparse_tensor_is_refused_naming_it(reads, how):
@@ -370,6 +379,10 @@ def test_a_vjp_reading_a_sparse_tensor_is_refused_naming_it(reads, how):
     x = torch.ones(3, 2, dtype=torch.float32)
     if how.startswith("compile"):
         with pytest.raises(torch._dynamo.exc.Unsupported, match="does not support sparse Tensors"):
+            _gradients(fn, (x,), (0,), how)
+        return
+    if how == "func.grad" and not _sparse_product_under_torch_func():
+        with pytest.raises(RuntimeError, match="[Ss]parse"):  # PyTorch's own limit (torch 2.6): f fails first
             _gradients(fn, (x,), (0,), how)
         return
     with pytest.raises(ValueError, match=f"reads the sparse tensor {name}, .*to_dense"):

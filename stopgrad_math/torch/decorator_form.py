@@ -670,8 +670,12 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
         return (*call_f(f, leaves.with_values(stopped), kwargs), None)
     midpoint = {k: s + identity.zero_with_slope(leaves.values[k], slope_is_negative=False) / 2
                 for k, s in stopped.items()}
-    reverse = not torch.compiler.is_compiling() and any(m.requires_grad for m in midpoint.values())
-    with unrecorded.watching(list(midpoint.values()) if reverse else None) as watch:
+    watch = None
+    if not torch.compiler.is_compiling() and any(m.requires_grad for m in midpoint.values()):
+        watch = unrecorded.Watch(list(midpoint.values()))  # (Dynamo traces no mode: compiled, the proof watches)
+        with watch:
+            vjp = call_f(f, leaves.with_values(midpoint), kwargs)[1]
+    else:
         vjp = call_f(f, leaves.with_values(midpoint), kwargs)[1]
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
 
