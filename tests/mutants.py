@@ -446,6 +446,87 @@ def _nothing_unrecorded(original):
     return unchecked
 
 
+def _key_without_strides(original):
+    """The PyTorch proof key without a closed-over tensor's strides (issue 59): a VJP closing over w and then w.t()
+    reuses the graph traced for w's layout."""
+    import dataclasses
+
+    return dataclasses.replace(original, key=lambda t: ("tensor", tuple(t.shape), t.dtype, t.device, t.layout))
+
+
+def _most_recent_use_forgotten(original):
+    """BoundedCache.get without move_to_end (issue 59): first in, first out, so a hot entry is dropped after every
+    ``size`` new ones and proven or compiled again."""
+    def get(self, key):
+        return self._entries.get(key)
+
+    original.get = get
+    return original
+
+
+def _globals_of_any_module(original):
+    """outside_reads following the globals a function of another module reads as if they were f's (issue 59): the
+    reader, which has f's globals alone, then reads f's module's value of that name."""
+    import types
+
+    from stopgrad_math.shared import outside_reads
+
+    def roots(f):
+        found, names = [], set()
+        functions = [((), f)]
+        for _ in range(outside_reads.DEPTH + 1):
+            following = []
+            for route, fn in functions:
+                read = outside_reads.names_read(fn.__code__)
+                names |= read
+                found += [(("global", name), fn.__globals__[name]) for name in sorted(read)
+                          if name not in fn.__code__.co_freevars and name in fn.__globals__]
+                for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+                    try:
+                        value = cell.cell_contents
+                    except ValueError:
+                        continue
+                    found.append((("cell", (*route, name)), value))
+                    if isinstance(value, types.FunctionType):
+                        following.append(((*route, name), value))
+            functions = following
+        return found, names
+    return roots
+
+
+def _ones_for_a_missing_upstream(original):
+    """deferred_calls reading a None upstream (an output that reaches nothing) as ones, not zeros (issue 59)."""
+    import tensorflow as tf
+
+    def ones(outputs, upstreams):
+        return {i: tf.ones_like(outputs.components[i].tensor) if u is None else u
+                for i, u in zip(outputs.differentiable, upstreams, strict=True)}
+    return ones
+
+
+def _template_named_function(original):
+    """The JAX compiled embedding's template named "function" rather than f (issue 59): its messages name no
+    function of the user's."""
+    return lambda name: original("function")
+
+
+def _concretization_alone(original):
+    """The JAX embedding's fall-back catching ConcretizationTypeError alone, not every JAXTypeError (issue 59): a
+    VJP that calls np.asarray or int() on a residual escapes it. The module's jax, with that one name changed."""
+    class Errors:
+        JAXTypeError = original.errors.ConcretizationTypeError
+
+        def __getattr__(self, name):
+            return getattr(original.errors, name)
+
+    class Jax:
+        errors = Errors()
+
+        def __getattr__(self, name):
+            return getattr(original, name)
+    return Jax()
+
+
 def _nothing_varies(original):
     """The JAX namespace reading no manual axis of shard_map from a type: its products, the decorator's cotangents
     and their ones typed invariant where the values vary."""
@@ -575,6 +656,27 @@ MUTANTS = {
         "stopgrad_math.torch.unrecorded", "check", _nothing_unrecorded,
         ("tests/test_torch_decorator_form.py::test_order_2_with_a_forward_without_grad_mode_raises_never_a_"
          "fraction_of_the_hessian",)),
+    "the PyTorch proof key leaves out a closed-over tensor's strides": Mutant(
+        "stopgrad_math.torch.vjp_closure", "_TENSORS", _key_without_strides,
+        ("tests/test_torch_proofs_kept.py::test_a_closed_over_tensor_of_other_strides_makes_a_new_proof",)),
+    "the bounded cache forgets which entry was used last": Mutant(
+        "stopgrad_math.shared.bounded_cache", "BoundedCache", _most_recent_use_forgotten,
+        ("tests/test_bounded_cache.py",)),
+    "outside_reads reads another module's globals through f's": Mutant(
+        "stopgrad_math.shared.outside_reads", "_roots", _globals_of_any_module,
+        ("tests/test_outside_reads.py::test_a_function_of_another_module_is_not_read_through_f_s_globals",
+         "tests/test_torch_vjp_as_backward.py::test_under_torch_compile_a_helper_of_another_module_reads_its_own_"
+         "global_never_fs")),
+    "a deferred call reads a missing upstream as ones": Mutant(
+        "stopgrad_math.tensorflow.deferred_calls", "dense_upstreams", _ones_for_a_missing_upstream,
+        ("tests/test_tfp_style_grad_fns.py::test_a_none_upstream_of_a_deferred_call_is_zero",)),
+    "the JAX compiled embedding names its template function": Mutant(
+        "stopgrad_math.jax.decorator_form", "_Named", _template_named_function,
+        ("tests/test_jax_compiled_embedding.py::test_a_refusal_raised_inside_a_compiled_embedding_names_f",)),
+    "the JAX compiled embedding falls back on a ConcretizationTypeError alone": Mutant(
+        "stopgrad_math.jax.decorator_form", "jax", _concretization_alone,
+        ("tests/test_jax_compiled_embedding.py::test_a_vjp_calling_np_asarray_and_int_on_its_residuals_is_traced_"
+         "at_every_call_and_right_each_time",)),
     "the JAX namespace types every value as invariant inside shard_map": Mutant(
         "stopgrad_math.jax.identity", "varying", _nothing_varies, ("tests/test_jax_distributed.py",)),
     "the PyTorch table takes every vjp for linear": Mutant(

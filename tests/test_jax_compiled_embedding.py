@@ -202,3 +202,34 @@ def test_a_compiled_embedding_keeps_no_array_f_or_its_vjp_closes_over(traces):
         del weight, f
     gc.collect()
     assert len(traces) == 20 and sum(r() is not None for r in alive) == 0
+
+
+@sgm.custom_gradient
+def _squared_rule(x):  # a VJP that is not linear: refused, naming f, from inside the compiled embedding
+    return x * 1.0, lambda ct: ct * ct
+
+
+def test_a_refusal_raised_inside_a_compiled_embedding_names_f(traces):
+    """The compiled embedding is built from a template that keeps f's name alone (issue 59: named "function", its
+    messages would name no function of the user's); eagerly, twice."""
+    for _ in range(2):
+        with pytest.raises(ValueError, match="_squared_rule"):
+            jax.grad(lambda x: jnp.sum(_squared_rule(x)))(X1)
+
+
+@sgm.custom_gradient
+def _reads_residuals_as_numpy(x, n):
+    scale = jnp.cos(x)
+    return jnp.sin(x) * n, lambda ct: (ct * np.asarray(scale) * int(n), None)  # as a custom_vjp bwd may, eagerly
+
+
+def test_a_vjp_calling_np_asarray_and_int_on_its_residuals_is_traced_at_every_call_and_right_each_time(traces):
+    """np.asarray of a tracer (TracerArrayConversionError) and int() of one (TracerIntegerConversionError) are
+    JAXTypeErrors other than a ConcretizationTypeError: the compiled embedding falls back to a trace at every call
+    for each (issue 59: catching the one class alone, they escaped), and the gradient is autodiff's, twice."""
+    n = jnp.asarray(3)
+    for x in (X1, X2):
+        for _ in range(2):
+            got = jax.grad(lambda x: jnp.sum(_reads_residuals_as_numpy(x, n)))(x)
+            np.testing.assert_allclose(got, jax.grad(lambda x: jnp.sum(jnp.sin(x) * 3))(x), rtol=1e-6)
+    assert len(traces) >= 4  # traced at every call, never kept compiled

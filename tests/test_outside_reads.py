@@ -91,3 +91,19 @@ def test_an_unfilled_cell_is_passed_over():
     assert outside_reads.paths(f, [], [value], is_leaf) == [("cell", ("value",))]
     later = 1.0
     assert f(0.0) == (1.0, value)
+
+
+def test_a_function_of_another_module_is_not_read_through_f_s_globals():
+    """f holds a helper from another module that reads that module's GLOBAL_VALUE, a name this module defines too
+    (issue 59): the helper's global is not reachable through f's globals, so no path is found (the caller then
+    refuses or differentiates as written), where following it would read this module's GLOBAL_VALUE."""
+    import outside_reads_helper
+
+    helper = outside_reads_helper.global_value
+
+    def f(x):
+        return x, helper()
+
+    wanted = outside_reads_helper.GLOBAL_VALUE
+    found = outside_reads.paths(f, [1.0], [wanted], lambda value: isinstance(value, Value) or value is wanted)
+    assert found is None or outside_reads.reader(f, found)()[0] is wanted

@@ -375,3 +375,42 @@ def test_unit_upstreams_follow_tfs_complex_convention(mode):
     got = in_mode(lambda z: (vjp(embedded, z, upstream), jvp(embedded, z, tangent)), mode)(z)
     np.testing.assert_allclose(got[0], vjp(tf.custom_gradient(square), z, upstream), rtol=1e-15)
     np.testing.assert_allclose(got[1], 2 * z * tangent, rtol=1e-15)  # the holomorphic derivative
+
+
+# A grad_fn that calls, on its upstream, a decorated function of two outputs and uses one of them: TensorFlow gives
+# the deferred call's custom gradient None for the unused output's upstream, which is zero (issue 59).
+pair = custom_gradient(lambda d: ((2.0 * d, 3.0 * d), lambda da, db: 2.0 * da + 3.0 * db))
+uses_one_of_a_pair = custom_gradient(lambda x: (6.0 * x, lambda dy: 3.0 * pair(dy)[0]))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_deferred_call_with_an_output_that_reaches_nothing_reads_its_upstream_as_zero(mode):
+    """y = 6·x, grad_fn 3·(2·dy): the pair's second output 3·dy reaches nothing, so its upstream is zero; read as
+    ones it would add to every element of the gradient, and to forward mode's product. (TensorFlow passes the
+    deferred call's gradient zeros for it here, in every mode: the test below gives it the None itself.)"""
+    x, upstream = tf.constant([1.0, 2.0], tf.float64), tf.constant([1.0, -0.5], tf.float64)
+    got = in_mode(lambda x: (vjp(uses_one_of_a_pair, x, upstream), jvp(uses_one_of_a_pair, x, upstream)), mode)(x)
+    np.testing.assert_array_equal(got[0], 6.0 * upstream)  # autodiff of 6·x
+    np.testing.assert_array_equal(got[1], 6.0 * upstream)
+
+
+def test_a_deferred_call_with_an_output_that_reaches_nothing_in_a_tf1_graph():
+    with tf.Graph().as_default():
+        x = tf.constant([1.0, 2.0], tf.float64)
+        (got,) = tf.gradients(uses_one_of_a_pair(x), x, grad_ys=tf.constant([1.0, -0.5], tf.float64))
+        with tf.compat.v1.Session() as session:
+            got = session.run(got)
+    np.testing.assert_array_equal(got, [6.0, -3.0])
+
+
+def test_a_none_upstream_of_a_deferred_call_is_zero():
+    """Where TensorFlow passes None for an output's upstream (it fills zeros itself for a floating output in every
+    mode above), the deferred call reads it as the zero it stands for, never as another value."""
+    from stopgrad_math.tensorflow import deferred_calls
+    from stopgrad_math.tensorflow.gradient_components import Flattened
+
+    outputs = Flattened.of([tf.constant([2.0, 4.0], tf.float64), tf.constant([1.0, 3.0], tf.float64)], "y")
+    given = tf.constant([0.5, -1.0], tf.float64)
+    dense = deferred_calls.dense_upstreams(outputs, (None, given))
+    np.testing.assert_array_equal(dense[outputs.differentiable[0]], [0.0, 0.0])
+    assert dense[outputs.differentiable[1]] is given

@@ -382,7 +382,7 @@ def test_a_vjp_reading_a_sparse_tensor_is_refused_naming_it(reads, how):
             _gradients(fn, (x,), (0,), how)
         return
     if how == "func.grad" and not _sparse_product_under_torch_func():
-        with pytest.raises(RuntimeError, match="[Ss]parse"):  # PyTorch's own limit (torch 2.6): f fails first
+        with pytest.raises(RuntimeError, match=r"[Ss]parse"):  # PyTorch's own limit (torch 2.6): f fails first
             _gradients(fn, (x,), (0,), how)
         return
     with pytest.raises(ValueError, match=f"reads the sparse tensor {name}, .*to_dense"):

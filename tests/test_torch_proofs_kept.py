@@ -287,3 +287,31 @@ def test_a_module_attribute_that_is_the_module_is_keyed_and_its_reassignment_mak
     finally:
         self_holding.self_holding = self_holding
     assert traces[0] == 2
+
+
+def _flattened_scale(m):
+    """x ↦ x·m.reshape(-1): the VJP reshapes the closed-over m itself, a view where m is contiguous and a copy
+    where it is not, so its traced graph depends on m's strides."""
+    @sgm.custom_gradient
+    def f(x):
+        return x * m.reshape(-1), lambda ct: ct * m.reshape(-1)
+    return f
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_closed_over_tensor_of_other_strides_makes_a_new_proof(compiled, traces, monkeypatch):
+    """A square w and then w.t(): one shape and dtype, other strides. A proof keyed without strides would reuse the
+    graph traced for w (a view of contiguous memory) on w.t(), which raises or reads the wrong layout; each gets
+    its own proof and the gradient m.reshape(-1) (issue 59)."""
+    from torch_modes import fresh_compilation
+
+    fresh_compilation(monkeypatch)
+    w = torch.arange(9.0, dtype=torch.float64).reshape(3, 3)
+    for m in (w, w.t(), w):
+        f = _flattened_scale(m)
+        f = torch.compile(f, fullgraph=True) if compiled else f
+        x = torch.ones(9, dtype=torch.float64, requires_grad=True)
+        f(x).sum().backward()
+        assert torch.equal(x.grad, m.reshape(-1)), m.stride()
+    if not compiled:
+        assert traces[0] == 2  # w, then w.t(); w again reuses its own

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 import torch.autograd.forward_ad as forward_ad  # noqa: E402
 from torch.autograd.function import once_differentiable  # noqa: E402
 from torch_modes import COMPILED_MODES, MODES, fresh_compilation  # noqa: E402
+from torch_modes import ours as torch_modes_ours  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
 
@@ -442,3 +443,31 @@ def test_under_torch_compile_a_vjp_with_literal_tensors_written_as_a_backward(mo
         return torch.sin(x), vjp
 
     torch.testing.assert_close(COMPILED_MODES[mode](sin, X), torch.cos(X))
+
+
+@pytest.mark.parametrize("mode", COMPILED_MODES)
+def test_under_torch_compile_a_helper_of_another_module_reads_its_own_global_never_fs(mode):
+    """The VJP, written as a backward, calls a helper from another module that reads that module's WEIGHT; this
+    module has a WEIGHT too (issue 59). Compiled, the result is the helper's weight times cos(x), or a refusal
+    naming why: never this module's WEIGHT."""
+    import outside_reads_helper
+
+    helper = outside_reads_helper.scaled_by_weight
+
+    @sgm.custom_gradient
+    def scaled_sin(x):
+        c = torch.cos(x)
+
+        def vjp(ct):
+            with torch.no_grad():
+                return helper(ct) * c
+        return torch.sin(x) * helper(torch.ones_like(x)), vjp
+
+    want = outside_reads_helper.WEIGHT * torch.cos(X)
+    assert not torch.equal(WEIGHT, outside_reads_helper.WEIGHT)
+    try:
+        got = COMPILED_MODES[mode](scaled_sin, X)
+    except Exception as error:  # a refusal: ours, naming the outside tensor it cannot reach
+        assert "from outside" in str(torch_modes_ours(error, ValueError)), error
+        return
+    torch.testing.assert_close(got, want)

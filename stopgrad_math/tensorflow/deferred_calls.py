@@ -58,9 +58,7 @@ def deferred(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
             takes_variables = variables is not None and signature(grad_fn).takes_variables
             read = [gradient_components.of(v.name, v) for v in variables or []] if takes_variables else []
             plan = Plan(f, outputs, grad_fn, arguments, read, order=1, deferred=True)
-            dense = {i: tf.zeros_like(outputs.components[i].tensor) if u is None else u
-                     for i, u in zip(outputs.differentiable, upstreams, strict=True)}
-            found = {g.component.name: g for g in plan.gradients_at(dense)}
+            found = {g.component.name: g for g in plan.gradients_at(dense_upstreams(outputs, upstreams))}
             of_arguments = [_tensor(found.get(arguments.components[i].name)) for i in index]
             if variables is None:
                 return of_arguments
@@ -75,6 +73,16 @@ def deferred(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     if results and not tf.executing_eagerly():
         evaluating.boxes.append(transposition.Box(frozenset({results[0].op}), deferred=True))
     return outputs.with_tensors(dict(zip(outputs.differentiable, results, strict=True)))
+
+
+def dense_upstreams(outputs: Flattened, upstreams: tuple[tf.Tensor | None, ...]) -> dict[int, tf.Tensor]:
+    """The upstream of each differentiable output, by index, a None (an output that reaches nothing) as zeros.
+
+    TensorFlow fills zeros itself for a floating output that reaches nothing, in every mode tested (eager,
+    tf.function, XLA, TF1 graphs, tape.jacobian with and without pfor, forward mode); a None is read as the
+    zero it stands for wherever one is passed."""
+    return {i: tf.zeros_like(outputs.components[i].tensor) if u is None else u
+            for i, u in zip(outputs.differentiable, upstreams, strict=True)}
 
 
 def _tensor(gradient: Any) -> Any:
