@@ -359,13 +359,14 @@ def _carried_wherever_compiled(original):
 
 
 def _never_carried(original):
-    """Forward mode taken for impossible: the PyTorch decorator with no slope carrier where one x and one y meet."""
+    """Forward mode taken for impossible: under a forward-mode level or a torch.func transform, where nothing
+    requires grad, the PyTorch decorator returns f's value alone, and it never links J·v for forward mode."""
     return lambda: False
 
 
 def _always_finite(original):
-    """The PyTorch identity's eager shortcut taken for every tensor: its selects left out where x or J·v is inf
-    or NaN."""
+    """The PyTorch identity's eager shortcut taken for every tensor: its carrier left out where x or J·v is inf
+    or NaN, so that the zero there is NaN."""
     return lambda t: True
 
 
@@ -620,13 +621,12 @@ MUTANTS = {
         "stopgrad_math.torch.second_derivative_guard", "forward_mode_possible", _carried_wherever_compiled,
         ("tests/test_torch_decorator_compiled.py::"
          "test_compiled_the_value_and_gradient_are_the_eager_decorators_over_the_grid",)),
-    "the PyTorch decorator never carries its slope": Mutant(
+    "the PyTorch decorator takes forward mode for impossible": Mutant(
         "stopgrad_math.torch.second_derivative_guard", "forward_mode_possible", _never_carried,
-        ("tests/test_torch_decorator_form.py::"
-         "test_a_one_element_y_keeps_an_infinite_derivative_and_a_larger_y_gets_nan_where_j_is_never_a_silent_zero",)),
-    "the PyTorch identity leaves out its selects for a non-finite x": Mutant(
+        ("tests/test_torch_non_finite_values.py::test_an_elementwise_rule_reaches_a_non_finite_x",)),
+    "the PyTorch identity leaves out its carrier for a non-finite x": Mutant(
         "stopgrad_math.torch.identity", "_eagerly_finite", _always_finite,
-        (f"{_TORCH}::test_an_inf_or_nan_x_has_no_derivative_whatever_the_cotangent_or_tangent_holds",
+        (f"{_TORCH}::test_an_infinite_or_nan_element_of_x_keeps_the_value_and_gets_gx",
          f"{_AS_BACKWARD}::test_a_non_finite_value_reaches_the_elements_plain_autodiff_reaches")),
     "the JAX decorator selects on J·v where it is not finite": Mutant(
         "stopgrad_math.jax.identity", "zero_with_derivative_of", _jax_selects_on_j_v,

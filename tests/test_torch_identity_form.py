@@ -140,6 +140,7 @@ def test_an_infinite_or_nan_element_of_x_keeps_the_value_and_gets_gx(mode):
     x = torch.tensor([math.inf, 1.0, math.nan])
     fn = lambda x: sgm.custom_gradient(torch.ones_like(x), 3.0 * torch.ones_like(x), x)  # noqa: E731
     assert fn(x).tolist() == [1.0, 1.0, 1.0]
+    assert fn(x.clone().requires_grad_(True)).tolist() == [1.0, 1.0, 1.0]  # the value, where the identity runs
     assert MODES[mode](fn, x).tolist() == [3.0, 3.0, 3.0] == MODES[mode](lambda x: 3.0 * x, x).tolist()
 
 
