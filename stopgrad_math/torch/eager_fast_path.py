@@ -33,7 +33,7 @@ import torch.autograd.forward_ad as forward_ad
 from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.torch import identity, second_derivative_guard
+from stopgrad_math.torch import identity, linear_ops, second_derivative_guard
 
 
 def _ordinary(fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -250,7 +250,8 @@ def product_factor(graph: torch.fx.GraphModule, live: int) -> torch.fx.GraphModu
             or len(product.args) != 2 or sum(a is v for a in product.args) != 1:
         return None
     factor = product.args[1] if product.args[0] is v else product.args[0]
-    if not ((isinstance(factor, torch.fx.Node) and not _reads(factor, v)) or type(factor) in (int, float)):
+    constant_node = isinstance(factor, torch.fx.Node) and not linear_ops.reaches_any(factor, {v})
+    if not (constant_node or type(factor) in (int, float)):
         return None
     copied: dict[torch.fx.Node, torch.fx.Node] = {}
     made = torch.fx.Graph()
@@ -258,19 +259,6 @@ def product_factor(graph: torch.fx.GraphModule, live: int) -> torch.fx.GraphModu
     made.output(copied[factor] if isinstance(factor, torch.fx.Node) else factor)
     made.eliminate_dead_code()
     return torch.fx.GraphModule(graph, made)
-
-
-def _reads(node: torch.fx.Node, v: torch.fx.Node) -> bool:
-    """Whether the node is v or is computed from it."""
-    seen, pending = set(), [node]
-    while pending:
-        current = pending.pop()
-        if current is v:
-            return True
-        if current not in seen:
-            seen.add(current)
-            pending += [a for a in pytree.tree_leaves((current.args, current.kwargs)) if isinstance(a, torch.fx.Node)]
-    return False
 
 
 class _ProductOfMap(torch.autograd.Function):

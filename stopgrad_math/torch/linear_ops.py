@@ -486,7 +486,7 @@ def boolean_mask_op(module: fx.GraphModule, batched: set[int]) -> str | None:
             continue
         masks = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)
                  and (name in ("nonzero", "masked_select", "masked_scatter") or _is_bool(a))]
-        if any(_reaches_any(mask, sources) for mask in masks):
+        if any(reaches_any(mask, sources) for mask in masks):
             return name
     return None
 
@@ -496,8 +496,8 @@ def _is_bool(node: fx.Node) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype == torch.bool
 
 
-def _reaches_any(node: fx.Node, sources: set[fx.Node]) -> bool:
-    """Whether the node is computed from any of ``sources``."""
+def reaches_any(node: fx.Node, sources: set[fx.Node]) -> bool:
+    """Whether the node is one of ``sources`` or is computed from one."""
     seen, pending = set(), [node]
     while pending:
         current = pending.pop()
