@@ -127,7 +127,7 @@ def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any]) -> linear_ops.Tr
     except (ValueError, TypeError, LookupError):
         raise
     except Exception as error:  # what make_fx raises on a read of the cotangent, or on what it cannot trace
-        raise _untraceable(cotangents.f, error, "eagerly", vjp) from error
+        raise _untraceable(cotangents.f, error, "eagerly") from error
     cotangents.warn_if_none_found()
     return traced
 
@@ -150,7 +150,7 @@ def _traced_under_transform(cotangents: _Cotangents, vjp: Callable[[Any], Any]) 
         except (ValueError, TypeError, LookupError):
             raise
         except Exception as error:  # what make_fx raises on a value read or a wrapped tensor
-            raise _untraceable(cotangents.f, error, "under torch.func", vjp) from error
+            raise _untraceable(cotangents.f, error, "under torch.func") from error
     cotangents.warn_if_none_found()
     count = len(examples)  # the cotangents' placeholders, then the lifted tensors'
     batched = {count + k for k, t in enumerate(lifted.tensors) if _batched(t)}
@@ -198,7 +198,8 @@ def _sparse_refusal(f: Callable[..., Any], sparse: str) -> ValueError:
 def _untraceable(f: Callable[..., Any], error: Exception, where: str, vjp: Any = None) -> ValueError:
     """What make_fx raised on a VJP it traced (a value read, a wrapped tensor, a compiled function, a sparse tensor),
     said as what to change: ``where`` is "eagerly", where only the cotangent is fake, "under torch.func", where the
-    tensors the VJP closes over are lifted out, or "under torch.compile"."""
+    tensors the VJP closes over are lifted out, or "under torch.compile", where ``vjp`` is the one the proof's trace
+    of f made (elsewhere ``_traced`` has refused a sparse tensor before tracing)."""
     sparse = vjp_closure.sparse_read(vjp)
     if sparse is not None:
         return _sparse_refusal(f, sparse)
