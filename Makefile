@@ -7,8 +7,9 @@ DEPS := setup.cfg pyproject.toml
 
 OLDEST := .venv-oldest
 OLDEST_PINS := .ci/oldest.txt
+NEWEST_TORCH := .venv-torch-newest
 
-.PHONY: demo test test-oldest test-mutants test-tfp-sweep lint docs bench clean
+.PHONY: demo test test-oldest test-torch-newest test-mutants test-tfp-sweep lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +75,21 @@ test-oldest: $(OLDEST)/.installed
 		$(foreach name,$(OLDEST_LEFT_OUT),--ignore=tests/test_$(name).py) \
 		$(foreach name,$(NOTEBOOKS_MAKE_TEST_RUNS),--deselect "tests/test_notebooks.py::test_notebook_runs[$(name)]")
 
+# The PyTorch namespace's tests on the newest torch setup.cfg allows, 2.14.1 (make test runs 2.13, test-oldest
+# 2.6): a CUDA build, which pip takes from the machine's wheels and which runs on the CPU (some 5 GB installed).
+$(NEWEST_TORCH)/bin/python:
+	$(PYTHON) -m venv $(NEWEST_TORCH)
+	$(NEWEST_TORCH)/bin/python -m pip install --quiet --upgrade pip
+
+$(NEWEST_TORCH)/.installed: $(NEWEST_TORCH)/bin/python $(DEPS)
+	$(NEWEST_TORCH)/bin/python -m pip install --quiet torch==2.14.1
+	$(NEWEST_TORCH)/bin/python -m pip install --quiet -e ".[torch,pyro,test]"
+	touch $@
+
+test-torch-newest: $(NEWEST_TORCH)/.installed
+	$(NEWEST_TORCH)/bin/python -m pytest -n 2 --durations=10 tests/test_existing_code_torch.py \
+		$(wildcard tests/test_torch_*.py)
+
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/jax_run.py
@@ -81,4 +97,4 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/tfp_inside.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST) build site .cache .mypy_cache *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST) $(NEWEST_TORCH) build site .cache .mypy_cache *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -49,8 +49,9 @@ LINEAR = {  # case: (vjp, an ATen op its graph must hold)
     "triangular solve": (lambda ct: torch.linalg.solve_triangular(L, ct[:, None], upper=False)[:, 0],
                          "linalg_solve_triangular"),
     "zeros added": (lambda ct: ct + torch.zeros(4), "add"),
-    # traced as a backward runs, where detach and .data are no-ops on the cotangent's values
-    "detach and .data": (lambda ct: ct.detach() * 2 + ct.data * S, "detach"),
+    # traced as a backward runs, where detach and .data are no-ops on the cotangent's values (each recorded as
+    # detach_copy, which make_fx records as itself on every version: from 2.14 it records detach as alias)
+    "detach and .data": (lambda ct: ct.detach() * 2 + ct.data * S, "detach_copy"),
     "a literal zero written in (g[i] = 0)": (lambda ct: _zeroed(ct * S), "fill"),
     "a cotangent written into zeros": (lambda ct: _written_into(torch.zeros(4), ct[:2] * 2), "slice_scatter"),
 }

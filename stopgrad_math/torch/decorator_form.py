@@ -616,11 +616,12 @@ def _maps(traced: linear_ops.Traced, positions: list[int], kept_examples: list[t
             numbers[k][1], numbers[k][0], dtype=numbers[k][2], device=numbers[k][3])
             for k in range(len(traced.constants)))]
 
-    def vjp_map(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(traced.linear(constants(values[count:]), positions)(*values[:count]))
+    def vjp_map(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:  # (its stops recorded as stops)
+        return tuple(linear_ops.stops_recorded(traced.linear(constants(values[count:]), positions))(
+            *values[:count]))
 
     def transposed(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        linear = traced.linear(constants(values[len(positions):]), positions)
+        linear = linear_ops.stops_recorded(traced.linear(constants(values[len(positions):]), positions))
         cotangents = [torch.zeros(e.shape, dtype=e.dtype, device=e.device) for e in examples[:count]]
         return tuple(torch.func.vjp(linear, *cotangents)[1](list(values[:len(positions)])))
 
@@ -634,6 +635,7 @@ def _maps(traced: linear_ops.Traced, positions: list[int], kept_examples: list[t
         transpose_module = make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True)(
             *[torch.empty_like(e) for e in kept_examples], *examples[count:], *read)
         for module in (vjp_module, transpose_module):  # the pullback's primal computation is dead
+            linear_ops.runnable(module)  # (first: its stops' markers are dead too)
             module.graph.eliminate_dead_code()
             module.recompile()
     return vjp_module, transpose_module

@@ -33,6 +33,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 import torch
 from torch import fx
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared.linearity import AFFINE, Finding, Judged, State
@@ -148,9 +149,10 @@ _VIEWS = (  # linear in their first argument; ZERO stays ZERO through them
     "_neg_view", "alias_copy", "view_copy", "expand_copy", "permute_copy", "transpose_copy", "t_copy",
     "squeeze_copy", "unsqueeze_copy", "select_copy", "slice_copy", "diagonal_copy", "unbind_copy",
     "split_copy", "split_with_sizes_copy", "lift_fresh_copy",
-    # detach (and .data, which traces as detach): in a backward, which runs without grad mode, a no-op on the
-    # value; the map is the VJP's values, so on the cotangent's path it is the identity (``Traced.linear``)
-    "detach",
+    # detach (and .data): in a backward, which runs without grad mode, a no-op on the value; the map is the VJP's
+    # values, so on the cotangent's path it is the identity (``Traced.linear``). detach_copy: a stop's marker
+    # (``_StopsRecorded``), whose value is unused
+    "detach", "detach_copy",
 )
 _CASTS = ("_to_copy", "to")
 
@@ -392,9 +394,72 @@ class Traced:
         return linear
 
 
+_STOPS = ("detach", "detach_copy")
+
+
+def _stopped(tensor: torch.Tensor) -> torch.Tensor:
+    """A stop, as a graph that is run (and differentiated) calls it: ``detach`` in Python, which autograd and
+    torch.func take for a stop whatever a later trace records it as."""
+    return tensor.detach()
+
+
+class _StopsRecorded(TorchFunctionMode):
+    """While a function is traced: each ``detach()`` and ``.data`` runs as it is (a view, which a write through
+    it reaches), followed by a ``detach_copy`` of its result whose value is unused: a marker that every version
+    of make_fx records as itself. From torch 2.14 make_fx records ``detach`` as ``alias``, which a graph run later
+    takes for the identity, so a stop written in a VJP would pass a second derivative; the marker names it."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.detach or getattr(func, "__self__", None) is _DATA:  # (.data's getter is made
+            torch.ops.aten.detach_copy.default(result)                             # anew at each read)
+        return result
+
+
+_DATA = torch._C.TensorBase.__dict__["data"]
+
+
+def stops_recorded(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` with ``_StopsRecorded`` on while it runs (not while make_fx does its own work around it)."""
+
+    @functools.wraps(function)
+    def recording(*args: Any) -> Any:
+        with _StopsRecorded():
+            return function(*args)
+
+    return recording
+
+
+def _markers(graph: fx.Graph) -> list[fx.Node]:
+    return [n for n in graph.nodes if n.op == "call_function" and _name(n.target) == "detach_copy" and not n.users
+            and isinstance(n.args[0], fx.Node)]
+
+
+def _stops(graph: fx.Graph) -> list[fx.Node]:
+    """The nodes that stop a derivative where the function was written: each ``detach`` node, and each node a
+    ``_StopsRecorded`` marker names (on torch 2.14, an ``alias``)."""
+    marked = [n.args[0] for n in _markers(graph)]
+    return list(dict.fromkeys([*(n for n in graph.nodes if _name(n.target) == "detach"), *marked]))
+
+
+def runnable(module: fx.GraphModule, aliases: Iterable[str] = ()) -> fx.GraphModule:
+    """A graph traced with ``stops_recorded``, to run, in place: each marked stop a ``_stopped`` (but those named
+    in ``aliases``, the identity), its markers dropped."""
+    markers = _markers(module.graph)
+    keep = set(aliases)
+    for node in dict.fromkeys(n.args[0] for n in markers):
+        if isinstance(node, fx.Node) and node.name not in keep and _name(node.target) != "detach":
+            node.target, node.args, node.kwargs = _stopped, (node.args[0],), {}
+    for marker in markers:
+        module.graph.erase_node(marker)
+    module.recompile()
+    return module
+
+
 def _cotangent_stops(traced: Traced) -> list[fx.Node]:
-    """The ``detach`` nodes on the cotangent's path (of a cotangent or of what is computed from it)."""
-    nodes = [n for n in traced.graph.graph.nodes if _name(n.target) == "detach"]
+    """The stops (``detach``, ``.data``) on the cotangent's path (of a cotangent or of what is computed from it)."""
+    nodes = _stops(traced.graph.graph)
     if not nodes:
         return []
     walk = _walked(traced.graph.graph, traced.arguments, traced.zeros)
@@ -409,11 +474,11 @@ def _copied(self: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
 
 @_exclusively
 def _differentiable(traced: Traced) -> fx.GraphModule:
-    """The traced graph as ops autograd and torch.func differentiate as the map: a ``detach`` on the cotangent's
-    path an alias (a no-op in the backward it was traced as), ``copy`` written as ``_copied``."""
+    """The traced graph as ops autograd and torch.func differentiate as the map: a stop on the cotangent's path an
+    alias (a no-op in the backward it was traced as), any other a ``_stopped``; ``copy`` written as ``_copied``."""
     stops = _cotangent_stops(traced)
     copies = [n for n in traced.graph.graph.nodes if _name(n.target) == "copy"]
-    if not stops and not copies:
+    if not stops and not copies and not _markers(traced.graph.graph):
         return traced.graph
     module = copy.deepcopy(traced.graph)
     by_name = {n.name: n for n in module.graph.nodes}
@@ -421,8 +486,7 @@ def _differentiable(traced: Traced) -> fx.GraphModule:
         by_name[node.name].target = torch.ops.aten.alias.default
     for node in copies:
         by_name[node.name].target = _copied
-    module.recompile()
-    return module
+    return runnable(module, aliases=[n.name for n in stops])
 
 
 def unreadable(cotangents: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -457,10 +521,10 @@ def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int
     mode: Literal["real", "fake"] = "fake" if fake else "real"
     with torch.no_grad(), torch.autograd.forward_ad._set_fwd_grad_enabled(False):
         if fake:
-            recorded = make_fx(function, tracing_mode="fake", _allow_non_fake_inputs=True,
+            recorded = make_fx(stops_recorded(function), tracing_mode="fake", _allow_non_fake_inputs=True,
                                _error_on_data_dependent_ops=True)(*examples)
         else:
-            recorded = make_fx(function, _error_on_data_dependent_ops=False)(
+            recorded = make_fx(stops_recorded(function), _error_on_data_dependent_ops=False)(
                 *unreadable(examples[:count]), *examples[count:])
         constants, zeros, literals = _lifted(recorded)
         functional = make_fx(torch.func.functionalize(recorded), tracing_mode=mode, _allow_non_fake_inputs=fake,
@@ -510,8 +574,10 @@ def reaches_any(node: fx.Node, sources: set[fx.Node]) -> bool:
 
 
 def _ops(module: fx.GraphModule) -> tuple[str, ...]:
-    """The ops a graph calls, in order, ``detach`` aside (autograd detaches what it saves for backward)."""
-    return tuple(name for n in module.graph.nodes if n.op == "call_function" and (name := _name(n.target)) != "detach")
+    """The ops a graph calls, in order, stops and aliases aside (autograd detaches what it saves for backward,
+    which torch 2.14 records as alias)."""
+    return tuple(name for n in module.graph.nodes
+                 if n.op == "call_function" and (name := _name(n.target)) not in (*_STOPS, "alias"))
 
 
 @_exclusively
@@ -537,7 +603,8 @@ def differentiated_as_traced(function: Callable[..., Any], *examples: torch.Tens
     try:
         with torch.enable_grad():
             given = [e.detach().requires_grad_(True) for e in examples[:count]]
-            again = make_fx(recorded, tracing_mode="fake", _allow_non_fake_inputs=True)(*given, *examples[count:])
+            again = make_fx(stops_recorded(recorded), tracing_mode="fake", _allow_non_fake_inputs=True)(
+                *given, *examples[count:])
     except Exception:  # an in-place op on a cotangent that requires grad, a Function that cannot be traced
         return False
     linear = [state is State.LINEAR for state in traced.states()]
