@@ -45,7 +45,7 @@ from stopgrad_math.jax.vjp_conventions import Leaves, argument_cotangents, call_
 from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.shared import bounded_cache, linearity, nesting
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.shared.linearity import State
+from stopgrad_math.shared.linearity import NotEmbeddable, State
 
 _KEYWORD = ("{label} is a keyword argument of {name}, which the decorator holds constant: its vjp returns "
             "cotangents of the positional arguments alone, so a derivative w.r.t. {label} would be a silent 0. "
@@ -230,7 +230,7 @@ def _products_by_columns(f: Callable[..., Any], linear: _LinearMap, consts: list
 
 
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any], order: int,
-           guard: bool) -> Any:
+           guard: bool, fallback: Callable[[str], Any] | None = None) -> Any:
     leaves = Leaves.of_arguments(args, names)
     if not leaves.differentiable:
         return call_f(f, args, kwargs)[0]
@@ -245,10 +245,15 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     if not outputs.differentiable:
         return y
     call = _Call(f, names, leaves, outputs, order, guard)
-    attached = _compiled(call, vjp)
-    if attached is None:
-        attached = _attached(call, vjp, [leaves.values[k] for k in leaves.differentiable],
-                             [outputs.values[k] for k in outputs.differentiable])
+    try:
+        attached = _compiled(call, vjp)
+        if attached is None:
+            attached = _attached(call, vjp, [leaves.values[k] for k in leaves.differentiable],
+                                 [outputs.values[k] for k in outputs.differentiable])
+    except (NotEmbeddable, jax.errors.ConcretizationTypeError) as error:  # (the latter: a read of the cotangent)
+        if fallback is None:
+            raise
+        return fallback(str(error))
     return outputs.with_values(dict(zip(outputs.differentiable, attached, strict=True)))
 
 
@@ -388,3 +393,11 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
     """
     arguments_of.check_options(order, check_linearity)
     return nesting.decorated(f, order, _embed, keywords=_held_constant)
+
+
+def call_or_fall_back(f: Callable[..., Any], args: tuple[Any, ...], order: int,
+                      fallback: Callable[[str], Any]) -> Any:
+    """``decorate(f, order)(*args)``, but where the VJP cannot be embedded (``NotEmbeddable``, or a read of its
+    cotangent's value), the value ``fallback(reason)`` rather than the error (``stopgrad_math.jax.custom_vjp``'s
+    hand-back to jax.custom_vjp)."""
+    return nesting.call(f, args, {}, order, _embed, keywords=_held_constant, fallback=fallback)

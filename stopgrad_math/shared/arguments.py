@@ -83,7 +83,8 @@ def decorator_form(fx: Any, gx: Any, x: Any, order: Any, check_linearity: Any,
 
 def name_of(f: Callable[..., Any]) -> str:
     """f's name, for messages."""
-    return getattr(f, "__name__", repr(f))
+    name: str | None = getattr(f, "__name__", None)  # (no repr, no str: Dynamo before torch 2.8 traces neither
+    return repr(f) if name is None else name         # on a function made in the compiled code)
 
 
 def call_f(f: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> tuple[Any, Callable[[Any], Any]]:

@@ -47,6 +47,22 @@ class Finding:
 
 Judged = State | Finding
 
+
+class NotEmbeddable(ValueError):
+    """A VJP that cannot be embedded: not proven linear in its cotangent (an op that is not linear, or not known),
+    affine, or not traceable into the graph a proof reads. ``stopgrad_math.torch.Function`` and
+    ``stopgrad_math.jax.custom_vjp`` take the framework's own mechanism there; the decorators raise it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """How a drop-in for a framework's mechanism (``Function``, ``custom_vjp``) runs a call: ``embedded``, its
+    backward embedded by the decorator (every mode); else by the framework's own mechanism, for ``reason``
+    (reverse mode alone)."""
+
+    embedded: bool
+    reason: str = ""
+
 AFFINE = ("adds a term that does not depend on the cotangent and is not provably zero (0·x is not: it is NaN where "
           "x is infinite): an affine map, whose constant a transpose would drop")
 
@@ -56,14 +72,14 @@ def kept(state: Judged, name: str, label: str, value: Any, differentiable: bool,
     state its proof gave: True where it is LINEAR, False where it is ZERO; a ValueError saying why otherwise
     (``table``: the module of the namespace's table, named where an op is not in it)."""
     if isinstance(state, Finding) and state.unknown:
-        raise ValueError(f"The vjp of {name} uses {state.place} on the path to the cotangent for {label}, which "
+        raise NotEmbeddable(f"The vjp of {name} uses {state.place} on the path to the cotangent for {label}, which "
                          f"{table} does not know: its linearity is not proven, so the vjp cannot be embedded (the "
                          "identity's backward pass is linear). If it is linear, its row belongs in that table.")
     if isinstance(state, Finding):
-        raise ValueError(f"The vjp of {name} is not linear in its cotangent, so it cannot be embedded (the "
+        raise NotEmbeddable(f"The vjp of {name} is not linear in its cotangent, so it cannot be embedded (the "
                          f"identity's backward pass is linear): {state}, on the path to the cotangent for {label}.")
     if state is State.CONST:
-        raise ValueError(f"The vjp of {name} returns a cotangent for {label} that does not depend on the cotangent "
+        raise NotEmbeddable(f"The vjp of {name} returns a cotangent for {label} that does not depend on the cotangent "
                          "of y and is not provably zero: an affine map, not a VJP.")
     if state is State.LINEAR and not differentiable:
         raise ValueError(f"The vjp of {name} returns a cotangent for {label}, which is not differentiable "

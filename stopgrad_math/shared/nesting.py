@@ -52,28 +52,40 @@ class evaluating:  # a context manager, named as the contextlib ones are
 
 class Embed(Protocol):
     def __call__(self, f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any],
-                 order: int, guard: bool) -> Any: ...
+                 order: int, guard: bool, fallback: Callable[[str], Any] | None = None) -> Any: ...
+
+
+def _keywords_as_given(f: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    return kwargs
+
+
+def call(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int, embed: Embed,
+         keywords: Callable[[Callable[..., Any], dict[str, Any]], dict[str, Any]] = _keywords_as_given,
+         fallback: Callable[[str], Any] | None = None) -> Any:
+    """One call of f, decorated: its positional arguments read (``shared.arguments``), its keyword arguments
+    passed through ``keywords``, and the call embedded by ``embed`` at ``order`` (or as a nested call inside a VJP,
+    which takes its value alone at order 1); ``fallback(reason)`` is its value where the VJP cannot be embedded."""
+    by_keyword = len(args) == 0 and len(kwargs) > 0  # (Dynamo traces no `not` of a tuple)
+    args, kwargs = arguments.positional(f, args, kwargs)
+    names = arguments.names(f, len(args), by_keyword)
+    kwargs = keywords(f, kwargs)
+    orders = _evaluations()
+    inside = orders[-1] if len(orders) > 0 else None
+    if inside == 1:
+        return arguments.call_f(f, args, kwargs)[0]
+    if inside == 2:
+        return embed(f, args, names, kwargs, order=1, guard=False, fallback=fallback)
+    return embed(f, args, names, kwargs, order=order, guard=True, fallback=fallback)
 
 
 def decorated(f: Callable[..., Any], order: int, embed: Embed,
-              keywords: Callable[[Callable[..., Any], dict[str, Any]], dict[str, Any]] = lambda f, kw: kw,
+              keywords: Callable[[Callable[..., Any], dict[str, Any]], dict[str, Any]] = _keywords_as_given,
               ) -> Callable[..., Any]:
-    """f, decorated: its positional arguments read (``shared.arguments``), its keyword arguments passed through
-    ``keywords``, and each call embedded by ``embed`` at ``order`` (or as a nested call inside a VJP)."""
+    """f, decorated: each call is ``call`` of f."""
 
     @functools.wraps(f)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        by_keyword = len(args) == 0 and len(kwargs) > 0  # (Dynamo traces no `not` of a tuple)
-        args, kwargs = arguments.positional(f, args, kwargs)
-        names = arguments.names(f, len(args), by_keyword)
-        kwargs = keywords(f, kwargs)
-        orders = _evaluations()
-        inside = orders[-1] if len(orders) > 0 else None
-        if inside == 1:
-            return arguments.call_f(f, args, kwargs)[0]
-        if inside == 2:
-            return embed(f, args, names, kwargs, order=1, guard=False)
-        return embed(f, args, names, kwargs, order=order, guard=True)
+    def decorated_f(*args: Any, **kwargs: Any) -> Any:
+        return call(f, args, kwargs, order, embed, keywords)
 
-    call.undecorated = f  # type: ignore[attr-defined]
-    return call
+    decorated_f.undecorated = f  # type: ignore[attr-defined]
+    return decorated_f

@@ -55,7 +55,7 @@ from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.shared import bounded_cache, closure_key, linearity, nesting, outside_reads
 from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.shared.linearity import Judged
+from stopgrad_math.shared.linearity import Judged, NotEmbeddable
 from stopgrad_math.torch import eager_fast_path, identity, linear_ops, second_derivative_guard, unrecorded, vjp_closure
 from stopgrad_math.torch.vjp_conventions import Leaves, answer_of, argument_cotangents, stand_in, structure_key
 
@@ -189,13 +189,13 @@ def _traced_by_shapes(cotangents: _Cotangents, describe: Callable[[], _Cotangent
     return traced
 
 
-def _sparse_refusal(f: Callable[..., Any], sparse: str) -> ValueError:
-    return ValueError(f"The vjp of {name_of(f)} reads the sparse tensor {sparse}, which the decorator cannot trace "
+def _sparse_refusal(f: Callable[..., Any], sparse: str) -> NotEmbeddable:
+    return NotEmbeddable(f"The vjp of {name_of(f)} reads the sparse tensor {sparse}, which the decorator cannot trace "
                       "into ATen ops to prove the vjp linear: PyTorch's fake tensors have no sparse layout. Close "
                       "over it dense (to_dense()), or keep this rule an autograd.Function.")
 
 
-def _untraceable(f: Callable[..., Any], error: Exception, where: str, vjp: Any = None) -> ValueError:
+def _untraceable(f: Callable[..., Any], error: Exception, where: str, vjp: Any = None) -> NotEmbeddable:
     """What make_fx raised on a VJP it traced (a value read, a wrapped tensor, a compiled function, a sparse tensor),
     said as what to change: ``where`` is "eagerly", where only the cotangent is fake, "under torch.func", where the
     tensors the VJP closes over are lifted out, or "under torch.compile", where ``vjp`` is the one the proof's trace
@@ -204,7 +204,7 @@ def _untraceable(f: Callable[..., Any], error: Exception, where: str, vjp: Any =
     if sparse is not None:
         return _sparse_refusal(f, sparse)
     if "dynamo-optimized" in str(error):
-        return ValueError(f"The vjp of {name_of(f)} calls a function compiled with torch.compile, which the "
+        return NotEmbeddable(f"The vjp of {name_of(f)} calls a function compiled with torch.compile, which the "
                           "decorator cannot trace into ATen ops to prove it linear: call the function uncompiled "
                           "inside the vjp, and compile the caller of the decorated function instead.")
     advice = ("it may not read a tensor's value in Python, nor index with a boolean mask (write the choice with "
@@ -218,7 +218,7 @@ def _untraceable(f: Callable[..., Any], error: Exception, where: str, vjp: Any =
         advice += (", nor a tensor held by an object or a global (close over the tensor itself), since the tensors "
                    "it closes over are lifted out")
     first_line = str(error).splitlines()[0] if str(error) else ""
-    return ValueError(f"The vjp of {name_of(f)} cannot be traced {where} ({type(error).__name__}: {first_line}). "
+    return NotEmbeddable(f"The vjp of {name_of(f)} cannot be traced {where} ({type(error).__name__}: {first_line}). "
                       f"There the decorator traces it by shapes alone: {advice}.")
 
 
@@ -371,7 +371,8 @@ Linear = Callable[..., list[torch.Tensor]]
 
 
 def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], outputs: Leaves,
-                            names: list[str], order: int) -> tuple[list[int], Linear | None, Linear | None]:
+                            names: list[str], order: int, falls_back: bool = False,
+                            ) -> tuple[list[int], Linear | None, Linear | None] | str:
     """``_proven`` where Dynamo traces the call. The VJP there is Dynamo's variable, not a function make_fx can
     trace again, so ``_stopgrad_math_proof`` traces f and its VJP anew, on fake tensors of the arguments' shapes:
     a constant of the graph to Dynamo, made as it traces, and again when it recompiles for another f, rank or
@@ -380,19 +381,22 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
     leaf as (shape, dtype, device) and each other leaf as itself, one argument apiece (an object or a module is
     taken as it is there, guarded by its identity, and not inside a tuple). Where the proof registered
     the map and its transpose (``_registered``), they come back as functions of y's cotangents and of v, run on
-    f's arguments stopped; else None, and the VJP is differentiated as Dynamo traces it."""
+    f's arguments stopped; else None, and the VJP is differentiated as Dynamo traces it. ``falls_back``: a VJP
+    that cannot be embedded gives the reason (a ``NotEmbeddable``'s message, a constant) rather than raising."""
     nest = (leaves.with_values({}), kwargs)
     flat = pytree.tree_leaves(nest)
     skeleton = pytree.tree_map(lambda v: None, nest)
     tensors = tuple(k for k, v in enumerate(flat) if isinstance(v, torch.Tensor))
     order = 1 if order == 1 else 2  # a constant: with dynamic=True Dynamo takes a closed-over int for an input
-    key, *kept = _stopgrad_math_proof(f, tuple(names), order, skeleton, tensors,
+    key, *kept = _stopgrad_math_proof(f, tuple(names), order, falls_back, skeleton, tensors,
                                       tuple(_shape_of(t, False) for t in outputs.tensors()),
                                       *[_shape_of(v, False) if isinstance(v, torch.Tensor) else v for v in flat])
     if key == _PER_SIZE:
-        key, *kept = _stopgrad_math_proof(f, tuple(names), order, skeleton, tensors,
+        key, *kept = _stopgrad_math_proof(f, tuple(names), order, falls_back, skeleton, tensors,
                                           tuple(_shape_of(t, True) for t in outputs.tensors()),
                                           *[_shape_of(v, True) if isinstance(v, torch.Tensor) else v for v in flat])
+    if key == _REFUSED:
+        return _REFUSALS[int(kept[0])]
     if key < 0:
         return kept, None, None
     given = [_moving(flat[k], order) for k in tensors]
@@ -412,18 +416,19 @@ def _moving(tensor: torch.Tensor, order: int) -> torch.Tensor:
 
 
 @torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
-def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any,
+def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: int, falls_back: bool, skeleton: Any,
                          tensors: tuple[int, ...], cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
     """``_proof_for_any_size`` (shapes of their rank alone) or ``_proof_of_f``, made once for f's key
     (``vjp_closure.keyed``: its code, closure and globals) and what it is given: a decorated function called at
     several places of one compiled program is proven once. Its name is Dynamo's for the constant it keeps in the
-    globals of the compiled function (torch 2.6 to 2.13), where it should meet nothing of the user's."""
+    globals of the compiled function (torch 2.6 to 2.13), where it should meet nothing of the user's.
+    ``falls_back``: a ``NotEmbeddable`` comes back as ``(_REFUSED, k)``, its message ``_REFUSALS[k]``."""
     opened = vjp_closure.keyed(f)
     key: Hashable = None
     if opened is not None:
         # which closed-over tensors are one: a proof's graphs read each tensor it traced once
         aliases = tuple(next(i for i, b in enumerate(opened.arrays) if b is a) for a in opened.arrays)
-        key = (opened.key, aliases, names, order, structure_key(pytree.tree_structure(skeleton)), tensors,
+        key = (opened.key, aliases, names, order, falls_back, structure_key(pytree.tree_structure(skeleton)), tensors,
                cotangents, flat)
         try:
             hash(key)
@@ -434,11 +439,19 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
         return known
     any_size = any(n is None for shape, _, _ in [*cotangents, *(flat[k] for k in tensors)] for n in shape)
     prove = _proof_for_any_size if any_size else _proof_of_f
-    proof = prove(f, names, order, skeleton, tensors, cotangents, *flat)
+    try:
+        proof = prove(f, names, order, skeleton, tensors, cotangents, *flat)
+    except NotEmbeddable as error:
+        if not falls_back:
+            raise
+        _REFUSALS.append(str(error))
+        proof = (_REFUSED, len(_REFUSALS) - 1)
     return proof if key is None else _PROVEN_WHILE_COMPILING.put(key, proof)
 
 
 _PROVEN_WHILE_COMPILING: bounded_cache.BoundedCache[tuple[int, ...]] = bounded_cache.BoundedCache(PROOFS_KEPT)
+_REFUSED = -3  # a proof's first number where the VJP cannot be embedded and the call falls back
+_REFUSALS: list[str] = []  # their reasons, one per compilation that fell back
 
 
 def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any, tensors: tuple[int, ...],
@@ -507,7 +520,7 @@ def _routed(f: Callable[..., Any], traced: linear_ops.Traced, flat: Sequence[Any
         return None
     reads = outside_reads.paths(f, flat, outside, _is_shape) if numbers else None
     if reads is None:
-        raise ValueError(f"The vjp of {name_of(f)} computes without grad mode (no_grad, set_grad_enabled(False), "
+        raise NotEmbeddable(f"The vjp of {name_of(f)} computes without grad mode (no_grad, set_grad_enabled(False), "
                          "inference_mode, @once_differentiable), branches on it, changes its cotangent in place or "
                          "detaches it (detach, .data), as a Function's backward may. Eagerly and under torch.func "
                          "the decorator embeds the map such a backward applies; under torch.compile it does so where "
@@ -728,8 +741,32 @@ def differentiating(args: Sequence[Any]) -> bool:
     return any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
 
 
+def _proven_call(cotangents: _Cotangents, vjp: Callable[[Any], Any], kwargs: dict[str, Any],
+                 watch: unrecorded.Watch | None,
+                 falls_back: bool) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None] | str:
+    """``_proven`` eagerly and under torch.func, ``_proven_while_compiling`` under Dynamo: the kept leaves, the VJP's
+    map, what it closes over (eagerly) and its transpose where at hand; ``falls_back``: a VJP that cannot be
+    embedded gives the reason rather than raising."""
+    f, leaves, outputs, names, order = (cotangents.f, cotangents.leaves, cotangents.outputs, cotangents.names,
+                                        cotangents.order)
+    if torch.compiler.is_compiling():
+        proof = _proven_while_compiling(f, leaves, kwargs, outputs, names, order, falls_back=falls_back)
+        if isinstance(proof, str):
+            return proof
+        kept, registered, transposed = proof
+        return kept, cotangents.of(vjp, kept) if registered is None else registered, [], transposed
+    try:
+        kept, linear, closed_over, transposed = _proven(cotangents, vjp, order)
+    except NotEmbeddable as error:
+        if not falls_back:
+            raise
+        return str(error)
+    unrecorded.check(watch, closed_over, name_of(f))
+    return kept, linear, closed_over, transposed
+
+
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any], order: int,
-           guard: bool) -> Any:
+           guard: bool, fallback: Callable[[str], Any] | None = None) -> Any:
     name = name_of(f)
     if not differentiating(args):
         return call_f(f, args, kwargs)[0]
@@ -742,14 +779,11 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         return y
     cotangents = _Cotangents(f, names, leaves, outputs, order)
     compiling = torch.compiler.is_compiling()
-    closed_over: list[torch.Tensor] = []
-    transposed = None
-    if compiling:
-        kept, registered, transposed = _proven_while_compiling(f, leaves, kwargs, outputs, names, order)
-        linear = cotangents.of(vjp, kept) if registered is None else registered
-    else:
-        kept, linear, closed_over, transposed = _proven(cotangents, vjp, order)
-        unrecorded.check(watch, closed_over, name)
+    proof = _proven_call(cotangents, vjp, kwargs, watch, fallback is not None)
+    if isinstance(proof, str):
+        assert fallback is not None  # (a reason comes back only where there is one to take it)
+        return fallback(proof)
+    kept, linear, closed_over, transposed = proof
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0
@@ -786,3 +820,11 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
     """
     arguments_of.check_options(order, check_linearity)
     return nesting.decorated(f, order, _embed)
+
+
+def call_or_fall_back(f: Callable[..., Any], args: tuple[Any, ...], order: int,
+                      fallback: Callable[[str], Any]) -> Any:
+    """``decorate(f, order)(*args)``, but where the VJP cannot be embedded (``NotEmbeddable``), the value
+    ``fallback(reason)`` rather than the error (``stopgrad_math.torch.Function``'s hand-back to
+    torch.autograd.Function). No wrapper of f is made: Dynamo before torch 2.8 refuses an attribute set on one."""
+    return nesting.call(f, args, {}, order, _embed, fallback=fallback)
