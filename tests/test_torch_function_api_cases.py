@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from function_shim import through_decorator  # noqa: E402
+from function_shim import ported, through_decorator  # noqa: E402
 from torch.autograd.function import once_differentiable  # noqa: E402
 from torch_modes import MODES  # noqa: E402
 
@@ -319,9 +319,10 @@ def test_an_output_marked_non_differentiable_has_no_derivative_and_the_other_its
 def test_under_vmap_a_rule_that_reads_a_stride_or_masks_by_a_boolean_index_raises(case):
     """Limits under vmap, raised and never a silent wrong number: a 0-d cotangent has no stride[-1] (PyTorch's
     own vmap shows the rule the same 0-d tensor), and a boolean mask's result has a shape that depends on values,
-    which the decorator's trace by shapes cannot follow (write torch.where)."""
+    which the decorator's trace by shapes cannot follow (write torch.where): there the call falls back to
+    torch.autograd.Function, which PyTorch refuses under torch.func for a forward that takes ctx."""
     make, _ = CASES[case]
-    with pytest.raises((IndexError, ValueError)):
+    with pytest.raises((IndexError, ValueError, RuntimeError), match=r"index out of range|setup_context"):
         MODES["func.vmap(func.grad)"](make(through_decorator(FUNCTIONS[case])), X)
 
 
@@ -363,6 +364,18 @@ class TimesThreeInPlace(torch.autograd.Function):
         return grad * 3
 
 
-def test_mark_dirty_is_outside_the_decorators_contract_and_raises():
-    with pytest.raises(NotImplementedError, match="mark_dirty"):
-        through_decorator(TimesThreeInPlace)(torch.ones(2, requires_grad=True) * 1.0)
+def test_mark_dirty_falls_back_to_the_function_exact_in_reverse_mode_and_forward_mode_raises_naming_it():
+    """A forward that marks its argument dirty changes it in place, which the decorator's f may not: the class is
+    run by torch.autograd.Function (its forward names mark_dirty), so reverse mode is PyTorch's to the bit, and
+    forward mode raises, naming mark_dirty."""
+    ours = ported(TimesThreeInPlace)
+    grads = []
+    for function in (TimesThreeInPlace, ours):
+        x = torch.tensor([1.0, -2.0], requires_grad=True)
+        y = function.apply(x * 1.0)
+        (y * torch.tensor([5.0, 7.0])).sum().backward()
+        grads.append((y.detach(), x.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    assert not ours.route(torch.ones(2)).embedded and "mark_dirty" in ours.route(torch.ones(2)).reason
+    with torch.autograd.forward_ad.dual_level(), pytest.raises(RuntimeError, match="mark_dirty"):
+        ours.apply(torch.autograd.forward_ad.make_dual(torch.ones(2), torch.ones(2)) * 1.0)

@@ -1,9 +1,10 @@
-"""Real autograd.Functions of the kinds public projects write, restated in our words, each beside its port to
-``@custom_gradient`` as docs/torch.md says to port one (issue 54): a sparsemax projection, a gradient multiplier,
-a quantizer with a learned step size, PyTorch's documented linear layer with ``needs_input_grad``, a
-differentiable top-k mask and an eigendecomposition's backward. The truth is the author's Function in reverse mode
-(``backward`` and ``torch.autograd.grad``; its Jacobian, row by row, for our forward mode), and where the formula
-has one, PyTorch's autodiff of it."""
+"""Real autograd.Functions of the kinds public projects write, restated in our words, each beside two ports: to
+``@custom_gradient`` as docs/torch.md says to port one (issue 54), and to ``stopgrad_math.torch.Function`` by
+changing the base class alone (issue 55): a sparsemax projection, a gradient multiplier, a quantizer with a
+learned step size, PyTorch's documented linear layer with ``needs_input_grad``, a differentiable top-k mask and an
+eigendecomposition's backward with two cotangents. The truth is the author's Function in reverse mode
+(``backward`` and ``torch.autograd.grad``; its Jacobian, row by row, for our forward mode; its gradients sample by
+sample for vmap), and where the formula has one, PyTorch's autodiff of it."""
 
 import warnings
 
@@ -12,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.autograd.forward_ad as forward_ad  # noqa: E402
+from function_shim import ported  # noqa: E402
 from torch_modes import fresh_compilation  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
@@ -214,21 +216,34 @@ def _loss(fn, *args):
     """A fixed, sign-invariant weighting of the outputs (eigenvectors enter squared)."""
     out = fn(*args)
     outs = out if isinstance(out, tuple) else (out,)
-    gen = torch.Generator().manual_seed(7)
-    return sum((torch.randn(o.shape, generator=gen) * o * (o if k else 1.0)).sum() for k, o in enumerate(outs))
+    return sum((_weights(k, tuple(o.shape)) * o * (o if k else 1.0)).sum() for k, o in enumerate(outs))
+
+
+_WEIGHTS = {}
+
+
+def _weights(k, shape):
+    """The weights of output k, drawn once per shape (eagerly, before a compiled loss reads them)."""
+    if (k, shape) not in _WEIGHTS:
+        _WEIGHTS[k, shape] = torch.randn(shape, generator=torch.Generator().manual_seed(7 + k))
+    return _WEIGHTS[k, shape]
 
 
 def _gradients(fn, args, moving, how):
     args = [a.detach().clone().requires_grad_(k in moving) if isinstance(a, torch.Tensor) else a
             for k, a in enumerate(args)]
+    with torch.no_grad():  # the weights drawn, by a call that asks no derivative
+        _loss(fn, *args)
     if how == "compile(fullgraph) backward":
         fn = torch.compile(fn, fullgraph=True)
     if how in ("backward", "compile(fullgraph) backward"):
         _loss(fn, *args).backward()
         return [args[k].grad for k in moving]
-    if how == "func.grad":
-        return list(torch.func.grad(lambda *m: _loss(fn, *_placed(args, moving, m)), argnums=tuple(
-            range(len(moving))))(*[args[k].detach() for k in moving]))
+    if how in ("func.grad", "compile(fullgraph) func.grad"):
+        grad = torch.func.grad(lambda *m: _loss(fn, *_placed(args, moving, m)), argnums=tuple(range(len(moving))))
+        if how == "compile(fullgraph) func.grad":
+            grad = torch.compile(grad, fullgraph=True)
+        return list(grad(*[args[k].detach() for k in moving]))
     return list(torch.autograd.grad(_loss(fn, *args), [args[k] for k in moving]))
 
 
@@ -250,10 +265,17 @@ PAIRS = {  # ours, the Function's apply, the arguments, which of them are differ
 }
 
 
-@pytest.mark.parametrize("how", ["backward", "autograd.grad", "func.grad", "compile(fullgraph) backward"])
+PORTS = {"@custom_gradient": lambda case: PAIRS[case][0],
+         "sgm.Function": lambda case: ported(PAIRS[case][1].__self__).apply}  # the same class body
+
+
+@pytest.mark.parametrize("port", PORTS)
+@pytest.mark.parametrize("how", ["backward", "autograd.grad", "func.grad", "compile(fullgraph) backward",
+                                 "compile(fullgraph) func.grad"])
 @pytest.mark.parametrize("case", PAIRS)
-def test_the_port_has_the_functions_value_and_gradient(case, how):
-    ours, theirs, args, moving = PAIRS[case]
+def test_the_port_has_the_functions_value_and_gradient(case, how, port):
+    _, theirs, args, moving = PAIRS[case]
+    ours = PORTS[port](case)
     for got, want in zip(ours(*args) if case == "eigh" else (ours(*args),),
                          theirs(*args) if case == "eigh" else (theirs(*args),), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -261,11 +283,13 @@ def test_the_port_has_the_functions_value_and_gradient(case, how):
     torch.testing.assert_close(_gradients(ours, args, moving, how), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("port", PORTS)
 @pytest.mark.parametrize("case", PAIRS)
-def test_the_port_has_forward_mode_which_the_function_lacks_its_jacobian_row_by_row(case):
+def test_the_port_has_forward_mode_which_the_function_lacks_its_jacobian_row_by_row(case, port):
     """Forward mode, which none of these Functions has (no jvp): our tangents along each basis direction are the
     columns of the Function's reverse-mode Jacobian."""
-    ours, theirs, args, moving = PAIRS[case]
+    _, theirs, args, moving = PAIRS[case]
+    ours = PORTS[port](case)
     first = moving[0]
 
     def of_first(fn):
@@ -282,6 +306,27 @@ def test_the_port_has_forward_mode_which_the_function_lacks_its_jacobian_row_by_
             tangents = [forward_ad.unpack_dual(o).tangent for o in (out if isinstance(out, tuple) else (out,))]
         for tangent, jacobian in zip(tangents, jacobians, strict=True):
             torch.testing.assert_close(tangent, jacobian[(..., *index)], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("port", PORTS)
+@pytest.mark.parametrize("case", PAIRS)
+def test_the_port_gives_per_sample_gradients_under_vmap_as_the_function_gives_them_one_by_one(case, port):
+    """vmap(grad) over a batch of the first differentiated argument (it and a scaled copy): each sample's gradient
+    is the Function's for that sample. Sparsemax's backward assigns through a boolean mask, whose shape vmap
+    cannot batch: the class port raises, naming it, as the Function itself cannot be vmapped (no setup_context)."""
+    _, theirs, args, moving = PAIRS[case]
+    ours, first = PORTS[port](case), moving[0]
+    batch = torch.stack([args[first], args[first] * 0.5 + 0.1])
+    with torch.no_grad():  # the weights drawn outside vmap
+        _loss(theirs, *args)
+    per_sample = torch.func.vmap(torch.func.grad(lambda a: _loss(ours, *_placed(args, (first,), (a,)))))
+    if case == "sparsemax" and port == "sgm.Function":
+        with pytest.raises(ValueError, match="boolean mask"):
+            per_sample(batch)
+        return
+    for sample, got in zip(batch, per_sample(batch), strict=True):
+        want = _gradients(theirs, _placed(args, (first,), (sample,)), (first,), "backward")[0]
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_the_eigh_port_is_autodiff_of_torch_linalg_eigh_on_a_symmetric_input():

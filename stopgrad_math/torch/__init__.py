@@ -1,10 +1,12 @@
 """stopgrad_math for PyTorch: the names and semantics of the TensorFlow namespace, on ``Tensor.detach``.
 
-Ordinary ATen ops, no ``torch.autograd.Function``: exact under ``backward``, ``forward_ad``, ``torch.func`` and
-``torch.compile``. Imports PyTorch, never TensorFlow or JAX. Install with ``pip install stopgrad_math[torch]``.
+Ordinary ATen ops and one small carrier: exact under ``backward``, ``forward_ad``, ``torch.func`` and
+``torch.compile``; ``Function`` runs an existing ``torch.autograd.Function``'s methods on the decorator. Imports
+PyTorch, never TensorFlow or JAX. Install with ``pip install stopgrad_math[torch]``.
 """
 
 from stopgrad_math.torch.estimators import magic_box, reverse_gradient, scale_gradient, straight_through
+from stopgrad_math.torch.function_face import Function
 from stopgrad_math.torch.gradient_checker import GradientReport, assert_gradient, check_gradient
 from stopgrad_math.torch.identity import zero_with_gradient
 from stopgrad_math.torch.identity_form import custom_gradient
@@ -12,6 +14,7 @@ from stopgrad_math.torch.partial import partial_custom_gradient
 from stopgrad_math.torch.stops import stop_gradient, stop_gradient_where
 
 __all__ = [
+    "Function",
     "GradientReport",
     "assert_gradient",
     "check_gradient",

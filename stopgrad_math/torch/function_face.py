@@ -1,0 +1,368 @@
+"""``torch.autograd.Function``'s API on the decorator: an existing Function, its ``backward`` as it is.
+
+A subclass of ``Function`` is written as a subclass of ``torch.autograd.Function`` is (``forward`` with a ``ctx``
+or with ``setup_context``, ``backward(ctx, *grads)``, ``apply``). Each ``apply`` is one decorated call
+(``custom_gradient``): the forward is f, the backward with the forward's ``ctx`` is its VJP, so the backward alone
+gives reverse and forward mode, ``torch.func`` and ``torch.compile``. Where the decorator cannot embed the backward
+(not linear in its cotangents, not traceable, a sparse tensor: ``shared.linearity.NotEmbeddable``), or the forward
+marks an argument dirty, the call is run by a ``torch.autograd.Function`` made of the same methods: reverse mode is
+PyTorch's own, and forward mode raises, naming the reason. ``route`` says which a call takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any, ClassVar
+
+import torch
+from torch.autograd import forward_ad
+from torch.utils import _pytree as pytree
+
+from stopgrad_math.shared import bounded_cache
+from stopgrad_math.shared.linearity import Route
+from stopgrad_math.torch import decorator_form, second_derivative_guard
+
+DIRTY = ("{name}.forward marks an argument dirty (ctx.mark_dirty): it changes its argument in place, which the "
+         "decorator's f, a function of its arguments, may not")
+OWN_RULE = ("{name} defines its own {method}, which stopgrad_math.torch.Function does not take: here the backward "
+            "defines every mode (forward mode, vmap and compile are derived from it), so a rule of its own could "
+            "disagree with it in one mode alone. Delete {method}, or keep {name} a torch.autograd.Function.")
+
+
+_Mechanism = type[torch.autograd.Function]
+
+
+class FunctionContext:
+    """The ``ctx`` a Function's forward and backward share on the decorator: what ``torch.autograd.Function``'s
+    context holds, for one call."""
+
+    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
+        self.needs_input_grad = needs_input_grad
+        self.materialize_grads = True
+        self.saved_tensors: tuple[Any, ...] = ()
+        self.non_differentiable: list[torch.Tensor] = []
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        self.saved_tensors = tensors
+
+    def save_for_forward(self, *tensors: Any) -> None:  # read by a jvp alone, which a Function here has not
+        del tensors
+
+    def mark_non_differentiable(self, *outputs: torch.Tensor) -> None:
+        self.non_differentiable.extend(outputs)
+
+    def set_materialize_grads(self, value: bool) -> None:
+        """Kept, with no effect: the backward is given a zero cotangent for every output, where PyTorch may give
+        None; a linear backward gives the same gradient for both."""
+        self.materialize_grads = value
+
+    def mark_dirty(self, *tensors: torch.Tensor) -> None:
+        raise NotImplementedError("ctx.mark_dirty: " + DIRTY.format(name="a Function") +
+                                  "; call it in forward itself, where the class is run by torch.autograd.Function.")
+
+
+class Function:
+    """A base class with ``torch.autograd.Function``'s API, whose ``backward`` gives every mode.
+
+    Class attributes: ``order`` (1: a second derivative raises; 2: exact second derivatives, as ``custom_gradient``'s
+    ``order``). ``route(*args)`` says whether a call embeds the backward or falls back to PyTorch's mechanism.
+    The differences from ``torch.autograd.Function`` are listed in docs/existing_code.md.
+
+    >>> class Exp(Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x):
+    ...         y = x.exp()
+    ...         ctx.save_for_backward(y)
+    ...         return y
+    ...
+    ...     @staticmethod
+    ...     def backward(ctx, dy):
+    ...         (y,) = ctx.saved_tensors
+    ...         return dy * y
+    >>> torch.func.jvp(Exp.apply, (torch.zeros(2),), (torch.ones(2),))[1]  # forward mode, from the backward
+    tensor([1., 1.])
+    """
+
+    order: ClassVar[int] = 1
+    _stopgrad_math_fallbacks: ClassVar[tuple[_Mechanism, _Mechanism]]  # (compiled, eager): ``_fallbacks``
+    _stopgrad_math_forward: ClassVar[_Forward]
+    _stopgrad_math_f: ClassVar[Callable[..., Any]]
+    generate_vmap_rule: ClassVar[bool] = False  # accepted: vmap is derived from the backward whatever its value
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for method in ("jvp", "vmap"):
+            if method in vars(cls):
+                raise TypeError(OWN_RULE.format(name=cls.__name__, method=method))
+        cls._stopgrad_math_fallbacks = _fallbacks(cls)
+        cls._stopgrad_math_forward = _Forward.of(cls)
+        cls._stopgrad_math_f = _forward_and_backward(cls)
+
+    @staticmethod
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("A Function defines forward.")
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        raise NotImplementedError("setup_context is defined by a Function whose forward takes no ctx.")
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise NotImplementedError("A Function defines backward.")
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        """The forward's output, differentiable through the backward in every mode."""
+        args = cls._stopgrad_math_forward.bound(cls.__name__, args, kwargs)
+        return _applied(cls, args, _route(cls, args))
+
+    @classmethod
+    def route(cls, *args: Any, **kwargs: Any) -> Route:
+        """Whether a call on these arguments embeds the backward (``Route.embedded``), or runs as a
+        ``torch.autograd.Function`` (its reason): the arguments are taken as if each floating tensor required grad."""
+        args = cls._stopgrad_math_forward.bound(cls.__name__, args, kwargs)
+        asked = tuple(a.detach().requires_grad_() if _differentiable(a) else a for a in args)
+        found: list[str] = []
+        with torch.enable_grad():
+            route = _route(cls, asked)
+            if route.embedded:
+                _embedded(cls, asked, found.append)
+        return _remembered(cls, asked, found[0]) if found else route
+
+
+def _has_setup_context(cls: type[Function]) -> bool:
+    return cls.setup_context is not Function.setup_context
+
+
+@dataclasses.dataclass(frozen=True)
+class _Forward:
+    """What a class's forward is, read once when the class is made (Dynamo traces no ``inspect``): the names and
+    defaults of its parameters past ctx (None where one is variadic or keyword-only: then its signature binds a
+    call), and whether it names ``mark_dirty``."""
+
+    signature: inspect.Signature | None
+    names: tuple[str, ...] | None
+    defaults: dict[str, Any]
+    marks_dirty: bool
+
+    @classmethod
+    def of(cls, function: type[Function]) -> _Forward:
+        forward = function.forward
+        code = getattr(inspect.unwrap(getattr(forward, "__func__", forward)), "__code__", None)
+        marks_dirty = code is not None and "mark_dirty" in code.co_names
+        try:
+            signature = inspect.signature(forward)
+        except (TypeError, ValueError):
+            return cls(None, None, {}, marks_dirty)
+        parameters = list(signature.parameters.values())
+        if not _has_setup_context(function):  # forward(ctx, *args): bind past ctx
+            parameters = parameters[1:]
+        plain = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
+        return cls(signature.replace(parameters=parameters), tuple(p.name for p in parameters) if plain else None,
+                   {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}, marks_dirty)
+
+    def bound(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The arguments by position, with the forward's defaults, as ``torch.autograd.Function.apply`` binds them."""
+        if self.signature is None or (len(kwargs) == 0 and len(self.defaults) == 0):
+            return args
+        if self.names is None:
+            bound = self.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            if bound.kwargs:
+                raise TypeError(f"{name}.apply: keyword-only arguments of forward ({', '.join(bound.kwargs)}) "
+                                "cannot be given cotangents by position.")
+            return tuple(bound.args)
+        for keyword in kwargs:
+            if keyword not in self.names[len(args):]:
+                raise TypeError(f"{name}.forward got an unexpected or repeated argument {keyword!r}")
+        values = list(args)
+        for parameter in self.names[len(args):]:
+            if parameter not in kwargs and parameter not in self.defaults:
+                raise TypeError(f"{name}.forward is missing a required argument: {parameter!r}")
+            values.append(kwargs[parameter] if parameter in kwargs else self.defaults[parameter])
+        return tuple(values)
+
+
+def _differentiable(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
+
+
+def _needs_input_grad(args: tuple[Any, ...]) -> tuple[bool, ...]:
+    """As PyTorch sets it: true for a differentiable tensor that requires grad in grad mode; besides, for one with a
+    forward-mode tangent, and for every differentiable tensor under a torch.func transform (where a wrapper's need
+    cannot be read), since forward mode here is the backward's transpose."""
+    transform = second_derivative_guard.in_transform()
+    grad_mode = torch.is_grad_enabled()
+    dual = forward_ad._current_level >= 0
+
+    def needs(value: Any) -> bool:
+        if not _differentiable(value):
+            return False
+        if transform or (grad_mode and value.requires_grad):
+            return True
+        return dual and forward_ad.unpack_dual(value).tangent is not None  # type: ignore[no-untyped-call]
+
+    return tuple(needs(a) for a in args)
+
+
+# ---------------------------------------------------------------- the route of a call
+
+
+_EMBEDDED = Route(embedded=True)
+FALLBACKS_KEPT = 256
+_FALLBACKS: bounded_cache.BoundedCache[Route] = bounded_cache.BoundedCache(FALLBACKS_KEPT)
+"""Calls whose backward could not be embedded, by class and arguments (``_signature``): they fall back at once
+after. Only a fall-back is kept, never an embedding, so a key that says too little can only make a call fall back
+(PyTorch's own reverse mode), never embed a backward that is not proven."""
+
+
+def _signature(cls: type[Function], args: tuple[Any, ...]) -> Hashable | None:
+    try:
+        leaves = tuple((type(v), tuple(v.shape), v.dtype, v.requires_grad) if isinstance(v, torch.Tensor) else
+                       (type(v), v) for v in pytree.tree_leaves(list(args)))
+        key = (cls, leaves, _needs_input_grad(args))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _route(cls: type[Function], args: tuple[Any, ...]) -> Route:
+    """The route known before the call: a forward that names ``mark_dirty`` falls back, as does a call whose
+    signature fell back before; else embedded, which the call itself may still find it cannot be."""
+    if cls._stopgrad_math_forward.marks_dirty:
+        return Route(embedded=False, reason=DIRTY.format(name=cls.__name__))
+    if torch.compiler.is_compiling():
+        return _EMBEDDED
+    key = _signature(cls, args)
+    known = None if key is None else _FALLBACKS.get(key)
+    return _EMBEDDED if known is None else known
+
+
+def _remembered(cls: type[Function], args: tuple[Any, ...], reason: str) -> Route:
+    route = Route(embedded=False, reason=reason)
+    key = _signature(cls, args)
+    return route if key is None else _FALLBACKS.put(key, route)
+
+
+def _applied(cls: type[Function], args: tuple[Any, ...], route: Route) -> Any:
+    if not route.embedded:
+        return _fallen_back(cls, args, route)
+
+    def fallback(reason: str) -> Any:
+        if torch.compiler.is_compiling():  # (the cache is Python state, which Dynamo would trace)
+            return _fallen_back(cls, args, Route(embedded=False, reason=reason))
+        return _fallen_back(cls, args, _remembered(cls, args, reason))
+
+    return _embedded(cls, args, fallback)
+
+
+def _fallen_back(cls: type[Function], args: tuple[Any, ...], route: Route) -> Any:
+    """The call run by a ``torch.autograd.Function`` of the class's methods: PyTorch's reverse mode; forward mode
+    raises, naming ``route.reason``."""
+    compiled, eager = cls._stopgrad_math_fallbacks
+    if torch.compiler.is_compiling():
+        return compiled.apply(*args)  # type: ignore[no-untyped-call]
+    if second_derivative_guard.in_transform() and not _has_setup_context(cls):
+        raise RuntimeError(f"{cls.__name__} runs as a torch.autograd.Function here, since stopgrad_math cannot embed "
+                           f"its backward ({route.reason}), and under torch.func transforms PyTorch takes a Function "
+                           "whose forward has no ctx and which defines setup_context.")
+    _REASONS.value = route.reason
+    return eager.apply(*args)  # type: ignore[no-untyped-call]
+
+
+class _Reasons(threading.local):
+    value = ""
+
+
+_REASONS = _Reasons()
+
+
+def _fallbacks(cls: type[Function]) -> tuple[_Mechanism, _Mechanism]:
+    """Two ``torch.autograd.Function`` classes of cls's methods: one for torch.compile, as cls would be; one for
+    eager calls, whose ``jvp`` raises, naming why the backward was not embedded (Dynamo refuses a Function that
+    defines one)."""
+    methods: dict[str, Any] = {"forward": staticmethod(cls.forward), "backward": staticmethod(cls.backward)}
+    if _has_setup_context(cls):
+        methods["setup_context"] = staticmethod(cls.setup_context)
+        methods["generate_vmap_rule"] = True  # vmap of forward and backward, as PyTorch derives it
+
+    def jvp(ctx: Any, *tangents: Any) -> Any:
+        raise RuntimeError(f"{cls.__name__}: forward mode is derived from the backward where stopgrad_math can "
+                           f"embed it, and here it cannot ({_REASONS.value}). This call runs as a "
+                           "torch.autograd.Function: reverse mode is PyTorch's, and forward mode would need a jvp.")
+
+    compiled = type(cls.__name__, (torch.autograd.Function,), {**methods, "__module__": cls.__module__})
+    eager = type(cls.__name__, (torch.autograd.Function,), {**methods, "jvp": staticmethod(jvp),
+                                                            "__module__": cls.__module__})
+    return compiled, eager
+
+
+# ---------------------------------------------------------------- the embedded call
+
+
+def _embedded(cls: type[Function], args: tuple[Any, ...], fallback: Callable[[str], Any]) -> Any:
+    """One decorated call of the class's ``_forward_and_backward``, its last argument ``needs_input_grad``;
+    ``fallback(reason)`` where the backward cannot be embedded. The outputs the forward marked non-differentiable
+    come back detached."""
+    result = decorator_form.call_or_fall_back(cls._stopgrad_math_f, (*args, _needs_input_grad(args)), cls.order,
+                                              fallback)
+    marked = _MARKED.indices
+    if len(marked) == 0:
+        return result
+    if not isinstance(result, tuple):
+        return result.detach()
+    return tuple(r.detach() if k in marked else r for k, r in enumerate(result))
+
+
+class _Marked(threading.local):
+    """The outputs (by index) the last forward run in this thread marked non-differentiable (a list on a
+    threading.local, which Dynamo traces changing, as ``shared.nesting``'s)."""
+
+    def __init__(self) -> None:
+        self.indices: list[int] = []
+
+
+_MARKED = _Marked()
+
+
+def _forward_and_backward(cls: type[Function]) -> Callable[..., Any]:
+    """The decorator's f for the class, made once with it (a function Dynamo finds made, and can hand to the proof
+    it makes while compiling): ``f(*inputs, needs_input_grad)`` runs the forward with a new ctx, and its VJP the
+    backward with that ctx."""
+    setup = _has_setup_context(cls)
+
+    def forward_and_backward(*given: Any) -> Any:
+        *inputs, needs = given
+        ctx = FunctionContext(needs)
+        if setup:
+            output = cls.forward(*inputs)
+            cls.setup_context(ctx, tuple(inputs), output)
+        else:
+            output = cls.forward(ctx, *inputs)
+        several = isinstance(output, tuple)
+        outputs = output if several else (output,)
+        _MARKED.indices.clear()
+        _MARKED.indices.extend(k for k, o in enumerate(outputs) if any(o is m for m in ctx.non_differentiable))
+
+        def vjp(cotangents: Any) -> tuple[Any, ...]:
+            grads = cls.backward(ctx, *(cotangents if several else (cotangents,)))
+            return (*_input_grads(cls, grads, len(inputs)), None)
+
+        return output, vjp
+
+    forward_and_backward.__name__ = forward_and_backward.__qualname__ = cls.__name__
+    return forward_and_backward
+
+
+def _input_grads(cls: type[Function], grads: Any, count: int) -> tuple[Any, ...]:
+    """The backward's answer, one gradient per input: past those, only None, as PyTorch allows."""
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    if len(grads) < count or any(g is not None for g in grads[count:]):
+        raise RuntimeError(f"{cls.__name__}.backward returned an incorrect number of gradients (expected {count}, "
+                           f"got {len(grads)})")
+    return tuple(grads[:count])
+
