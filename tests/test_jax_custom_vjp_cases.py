@@ -1,21 +1,19 @@
 """JAX's own CustomVJPTest (tests/custom_api_test.py, jax-v0.10.2), restated case by case, side by side: each
-case runs through ``jax.custom_vjp`` and through a shim of its API over ``stopgrad_math.jax.custom_gradient``,
-against the analytic truth. The shim binds keywords by the signature as custom_vjp does, closes over
-``nondiff_argnums`` (the decorator differentiates only arrays, so the functions stay Python values), and hands
-fwd's residuals to bwd by closure.
+case runs through ``jax.custom_vjp`` and through ``stopgrad_math.jax.custom_vjp``, the same fun, fwd and bwd,
+against the analytic truth.
 
 Where the two differ, the difference is one the issue allows, and is tested as itself:
-- forward mode, a tracer closed over or passed as a non-differentiated argument, a keyword-only argument and a
-  bare (untupled) cotangent work on ours where custom_vjp raises;
-- a VJP that is not linear in its cotangent (``clip``) or is affine (a cotangent that ignores it) is refused,
-  naming what is not linear, where custom_vjp takes it;
-- a derivative of a VJP (a second derivative, ``grad`` of a function that takes a ``grad``) raises at
+- forward mode and a tracer closed over or passed as a non-differentiated argument work on ours where
+  custom_vjp raises;
+- a bwd that is not linear in its cotangent (``clip``) or is affine (a cotangent that ignores it) makes ours hand
+  the call to ``jax.custom_vjp`` itself: reverse mode is the same to the bit, forward mode raises custom_vjp's
+  TypeError naming the bwd and the op;
+- a derivative of a bwd (a second derivative, ``grad`` of a function that takes a ``grad``) raises at
   ``order=1``, naming ``order=2``, which gives it exactly; at ``order=2`` a third one raises.
 
-Not restated: the cases that read JAX's internals (jaxpr printing, DCE, ``optimize_remat``), symbolic-zero
-cotangents (``symbolic_zeros=True``), and the error texts of custom_vjp's own API (a missing ``defvjp``)."""
+Not restated: the cases that read JAX's internals (jaxpr printing, DCE, ``optimize_remat``'s jaxpr), and
+symbolic-zero cotangents (ours never gives bwd a ``SymbolicZero``: tests/test_existing_code_jax.py)."""
 
-import inspect
 import re
 
 import pytest
@@ -29,33 +27,8 @@ from jax.test_util import check_grads  # noqa: E402
 import stopgrad_math.jax as sgm  # noqa: E402
 
 
-class _CustomVJPShim:
-    """jax.custom_vjp's API over the decorator: ``f = shim(fun); f.defvjp(fwd, bwd); f(*args, **kwargs)``."""
-
-    def __init__(self, fun, nondiff_argnums=(), order=1):
-        self.fun, self.nondiff_argnums, self.order = fun, tuple(nondiff_argnums), order
-
-    def defvjp(self, fwd, bwd):
-        self.fwd, self.bwd = fwd, bwd
-
-    def __call__(self, *args, **kwargs):
-        bound = inspect.signature(self.fun).bind(*args, **kwargs)
-        bound.apply_defaults()
-        fixed = {i: bound.args[i] for i in self.nondiff_argnums}
-
-        def embedded(*differentiated, **keywords):
-            rest = iter(differentiated)
-            full = [fixed[i] if i in fixed else next(rest) for i in range(len(bound.args))]
-            y, residuals = self.fwd(*full, **keywords)
-            return y, lambda ct: self.bwd(*fixed.values(), residuals, ct)
-
-        embedded.__name__ = self.fun.__name__
-        decorated = sgm.custom_gradient(embedded, order=self.order)
-        return decorated(*[a for i, a in enumerate(bound.args) if i not in fixed], **bound.kwargs)
-
-
 def _ours(order=1, nondiff_argnums=()):
-    return lambda fun: _CustomVJPShim(fun, nondiff_argnums, order)
+    return lambda fun: sgm.custom_vjp(fun, nondiff_argnums=nondiff_argnums, order=order)
 
 
 def _theirs(order=1, nondiff_argnums=()):
@@ -363,12 +336,12 @@ def test_a_closure_converted_function_and_its_constants(make):  # test_closure_c
 # ---------------------------------------------------------------- both refuse
 
 
-@pytest.mark.parametrize(("make", "error"), [(_theirs, "Custom VJP bwd rule .*must produce"),
-                                             (_ours, "returned 2 cotangents for 1 positional argument")])
-def test_two_cotangents_for_one_argument(make, error):  # test_vjp_rule_inconsistent_pytree_structures_error
-    f = make()(lambda x: x)
-    f.defvjp(lambda x: (x, None), lambda _, ct: (ct, ct))
-    with pytest.raises(Exception, match=error):
+@both
+@pytest.mark.parametrize("bwd", [lambda _, ct: (ct, ct), lambda _, ct: 2.0 * ct], ids=["two", "bare"])
+def test_a_bwd_giving_two_cotangents_or_a_bare_one_for_one_argument(make, bwd):  # test_vjp_rule_inconsistent_
+    f = make()(lambda x: x)                                                   # pytree_structures_error, _non_tuple
+    f.defvjp(lambda x: (x, None), bwd)
+    with pytest.raises(TypeError, match=r"Custom VJP bwd rule .*must produce a tuple"):
         jax.grad(f)(2.0)
 
 
@@ -433,41 +406,53 @@ def test_a_tracer_closed_over_or_passed_undifferentiated_works_on_ours():  # tes
     close(jax.grad(passed(_ours), 1)(2.0, 3.0), np.cos(3.0))
 
 
-def test_a_bare_cotangent_for_one_argument_is_taken_as_jax_custom_gradient_takes_it():  # ..._returns_non_tuple
-    theirs, ours = (make()(lambda x: x) for make in BOTH.values())
-    for f in (theirs, ours):
-        f.defvjp(lambda x: (x, None), lambda _, ct: 2.0 * ct)
-    with pytest.raises(TypeError, match="must produce a tuple"):
-        jax.grad(theirs)(3.0)
-    close(jax.grad(ours)(3.0), 2.0)
-
-
-def test_a_keyword_only_argument_is_a_constant_on_ours_where_custom_vjp_cannot_place_it():  # test_resolve_kwargs
-    theirs, ours = (make()(lambda x, y, *, z=None: x + y) for make in BOTH.values())
-    for f in (theirs, ours):
-        f.defvjp(lambda x, y, z=None: (x + y, None), lambda _, ct: (ct, ct))
+@both
+def test_a_keyword_only_argument_cannot_be_placed(make):  # test_resolve_kwargs
+    f = make()(lambda x, y, *, z=None: x + y)
+    f.defvjp(lambda x, y, z=None: (x + y, None), lambda _, ct: (ct, ct))
     with pytest.raises(TypeError, match="could not be resolved to positions"):
-        theirs(0.5, 0.1, z=1.0)
-    close(ours(0.5, 0.1, z=1.0), 0.6)
+        f(0.5, 0.1, z=1.0)
 
 
-def test_a_vjp_that_is_not_linear_in_its_cotangent_is_refused_naming_it():  # test_clip_gradient (#2784)
-    def clipped_between(make, x):
-        f = make()(lambda lo, hi, x: x)
-        f.defvjp(lambda lo, hi, x: (x, (lo, hi)), lambda r, ct: (None, None, jnp.clip(ct, r[0], r[1])))
-        return f(-0.1, x + 0.1, x)
+# ---------------------------------------------------------------- the fall-back: jax.custom_vjp itself
 
-    close(jax.grad(lambda x: clipped_between(_theirs, x))(0.1), 0.2)
+
+def _clipped_between(make, x):
+    f = make()(lambda lo, hi, x: x)
+    f.defvjp(lambda lo, hi, x: (x, (lo, hi)), lambda r, ct: (None, None, jnp.clip(ct, r[0], r[1])))
+    return f(-0.1, x + 0.1, x)
+
+
+def test_a_bwd_not_linear_in_its_cotangent_is_custom_vjps_in_reverse_mode_and_forward_mode_names_it():
+    """test_clip_gradient (#2784): the bwd clips its cotangent, so ours hands the call to jax.custom_vjp: the
+    same gradient, eagerly, under jit and vmap; forward mode raises custom_vjp's TypeError, naming the bwd and
+    the op; route says so without running the call; and the plain decorator still refuses it, naming the op."""
+    for transform in (lambda g: g, jax.jit):
+        assert float(transform(jax.grad(lambda x: _clipped_between(_ours, x)))(0.1)) == \
+            float(transform(jax.grad(lambda x: _clipped_between(_theirs, x)))(0.1)) == np.float32(0.2)
+    xs = jnp.array([0.1, 0.5, 2.0])
+    assert np.array_equal(jax.vmap(jax.grad(lambda x: 5.0 * _clipped_between(_ours, x)))(xs),
+                          jax.vmap(jax.grad(lambda x: 5.0 * _clipped_between(_theirs, x)))(xs))
+    with pytest.raises(TypeError, match=r"forward-mode autodiff.*the bwd of <lambda> could not be embedded.*clip"):
+        jax.jvp(lambda x: _clipped_between(_ours, x), (0.1,), (1.0,))
+    clip = _ours()(lambda lo, hi, x: x)
+    clip.defvjp(lambda lo, hi, x: (x, (lo, hi)), lambda r, ct: (None, None, jnp.clip(ct, r[0], r[1])))
+    route = clip.route(-0.1, 0.2, 0.1)
+    assert not route.embedded and "clip" in route.reason
+    assert _sin_with_twice_its_derivative(_ours).route(1.0).embedded
     with pytest.raises(ValueError, match=r"not linear in its cotangent.*clip"):
-        jax.grad(lambda x: clipped_between(_ours, x))(0.1)
+        jax.grad(sgm.custom_gradient(lambda x: (x, lambda ct: (jnp.clip(ct, -0.1, 0.2),))))(0.1)
 
 
 @pytest.mark.parametrize("bwd", [lambda r, ct: (2.0,), lambda r, ct: (17.0 * r,)], ids=["constant", "of x"])
-def test_a_vjp_that_ignores_its_cotangent_is_refused_as_affine(bwd):  # test_float0, test_closure_convert
-    f = _ours()(lambda x: x)
-    f.defvjp(lambda x: (x, x), bwd)
-    with pytest.raises(ValueError, match="does not depend on the cotangent of y and is not provably zero"):
-        jax.grad(f)(1.0)
+def test_a_bwd_that_ignores_its_cotangent_falls_back_and_the_decorator_refuses_it_as_affine(bwd):
+    """test_float0, test_closure_convert: an affine bwd is jax.custom_vjp's on ours (the same gradient); the
+    decorator refuses it, naming an affine map."""
+    theirs, ours = (make()(lambda x: x) for make in BOTH.values())
+    for f in (theirs, ours):
+        f.defvjp(lambda x: (x, x), bwd)
+    assert float(jax.grad(ours)(1.0)) == float(jax.grad(theirs)(1.0))
+    assert "does not depend on the cotangent of y and is not provably zero" in ours.route(1.0).reason
     with pytest.raises(ValueError, match="an affine map"):  # test_custom_gradient_2: the vjp (y, x), not (y·ct, x·ct)
         jax.grad(sgm.custom_gradient(lambda x, y: (x * y, lambda ct: (y, x))), argnums=(0, 1))(3.0, 4.0)
 

@@ -1,8 +1,10 @@
 """stopgrad_math for JAX: the names and semantics of the TensorFlow namespace, on ``jax.lax.stop_gradient``.
 
-Imports JAX, never TensorFlow. Install with ``pip install stopgrad_math[jax]``.
+``custom_vjp`` runs an existing ``jax.custom_vjp``'s fwd and bwd on the decorator. Imports JAX, never
+TensorFlow. Install with ``pip install stopgrad_math[jax]``.
 """
 
+from stopgrad_math.jax.custom_vjp_face import custom_vjp
 from stopgrad_math.jax.estimators import magic_box, reverse_gradient, scale_gradient, straight_through
 from stopgrad_math.jax.gradient_checker import GradientReport, assert_gradient, check_gradient
 from stopgrad_math.jax.identity import zero_with_gradient
@@ -15,6 +17,7 @@ __all__ = [
     "assert_gradient",
     "check_gradient",
     "custom_gradient",
+    "custom_vjp",
     "magic_box",
     "partial_custom_gradient",
     "reverse_gradient",

@@ -1,0 +1,154 @@
+"""``jax.custom_vjp``'s API on the decorator: an existing ``fwd`` and ``bwd``, every mode from the ``bwd``.
+
+``custom_vjp(fun, nondiff_argnums=..., nondiff_argnames=...)`` and ``.defvjp(fwd, bwd)`` are read as JAX reads them:
+keyword arguments resolved to positions, the non-differentiable arguments passed to ``bwd`` first, then the
+residuals and the output's cotangent; ``bwd`` returns one cotangent (or None) per differentiable argument. Each call
+is one decorated call (``custom_gradient``): ``fwd`` is f, and ``bwd`` with its residuals the VJP, so ``jvp``,
+``jacfwd`` and ``linearize`` come from the ``bwd`` as ``grad`` does. Where the decorator cannot embed the ``bwd``
+(not linear in its cotangent, as JAX's documented ``clip_gradient``, or it reads the cotangent's value), the call
+is ``jax.custom_vjp`` of the same functions: reverse mode is JAX's own, and forward mode raises, naming the reason.
+``route`` says which a call takes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax import custom_derivatives
+
+from stopgrad_math.jax import decorator_form
+from stopgrad_math.shared.linearity import Route
+
+FORWARD_MODE = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
+
+
+class custom_vjp:
+    """``jax.custom_vjp`` whose ``bwd`` also gives forward mode: ``jvp``, ``jacfwd``, ``linearize``, ``hessian``.
+
+    ``order``: 1 (a second derivative raises) or 2 (exact second derivatives, as ``custom_gradient``'s ``order``).
+    The differences from ``jax.custom_vjp`` are listed in docs/existing_code.md.
+
+    >>> @custom_vjp
+    ... def log1pexp(x):
+    ...     return jnp.log1p(jnp.exp(x))
+    >>> log1pexp.defvjp(lambda x: (log1pexp(x), x), lambda x, g: (g * jax.nn.sigmoid(x),))
+    >>> round(float(jax.jvp(log1pexp, (10.0,), (1.0,))[1]), 5)  # forward mode, from the bwd
+    0.99995
+    """
+
+    def __init__(self, fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+                 nondiff_argnames: Sequence[str] = (), order: int = 1) -> None:
+        functools.update_wrapper(self, fun)
+        self.fun = fun
+        self.name: str = getattr(fun, "__name__", repr(fun))
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(fun)
+        except (TypeError, ValueError):  # a callable Python cannot read: its arguments are taken as given
+            self.signature = None
+        parameters = [] if self.signature is None else list(self.signature.parameters)
+        self.nondiff_argnums = tuple(sorted({*nondiff_argnums, *(parameters.index(n) for n in nondiff_argnames)}))
+        self.order = order
+        self.fwd: Callable[..., Any] | None = None
+        self.bwd: Callable[..., Any] | None = None
+        self.symbolic_zeros = False
+        self.optimize_remat = False
+        self.mechanism: Any = None
+        self._in_fwd = _InFwd()
+
+    def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any], symbolic_zeros: bool = False,
+               optimize_remat: bool = False) -> None:
+        """As ``jax.custom_vjp.defvjp``. With ``symbolic_zeros``, ``fwd`` is given each differentiable argument as
+        a ``CustomVJPPrimal`` marked perturbed (every one may be differentiated here), and ``bwd`` a cotangent
+        that is never a ``SymbolicZero``."""
+        self.fwd, self.bwd = fwd, bwd
+        self.symbolic_zeros, self.optimize_remat = symbolic_zeros, optimize_remat
+        self.mechanism = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)  # the fall-back
+        options = {"optimize_remat": True} if optimize_remat else {}
+        self.mechanism.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, **options)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        return self if instance is None else functools.partial(self, instance)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = self._resolved(args, kwargs)
+        if self._in_fwd.depth:  # fwd computing the output by a call of the function itself, as JAX's docs write
+            return self.fun(*args)
+        reasons: list[str] = []
+        try:
+            return self._decorated(args, reasons)
+        except TypeError as error:
+            if reasons and FORWARD_MODE in str(error):
+                raise TypeError(f"{FORWARD_MODE}: the bwd of {self.name} could not be embedded ({reasons[0]}), so "
+                                "this call is jax.custom_vjp, whose reverse mode is JAX's and which has no forward "
+                                "mode.") from error
+            raise
+
+    def route(self, *args: Any, **kwargs: Any) -> Route:
+        """Whether a call on these arguments embeds the ``bwd`` (``Route.embedded``), or is ``jax.custom_vjp``
+        (its reason); found by tracing the call for shapes, without running it."""
+        args = self._resolved(args, kwargs)
+        reasons: list[str] = []
+        jax.eval_shape(lambda *values: self._decorated(values, reasons), *args)
+        return Route(embedded=False, reason=reasons[0]) if reasons else Route(embedded=True)
+
+    def _resolved(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        if self.fwd is None or self.bwd is None:
+            raise AttributeError(f"No VJP defined for custom_vjp function {self.name} using defvjp.")
+        if self.signature is None:
+            return args
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        if bound.kwargs:
+            raise TypeError(f"keyword arguments of {self.name} could not be resolved to positions")
+        return tuple(bound.args)
+
+    def _decorated(self, args: tuple[Any, ...], reasons: list[str]) -> Any:
+        """The decorated call: f runs fwd and closes bwd over its residuals; ``reasons`` gets the reason where the
+        bwd cannot be embedded, and the call is then ``jax.custom_vjp``'s."""
+        fwd, bwd = typing_cast(self.fwd), typing_cast(self.bwd)
+        nondiff = self.nondiff_argnums
+        positions = [k for k in range(len(args)) if k not in nondiff]
+        symbolic = self.symbolic_zeros
+
+        def f(*differentiable: Any) -> Any:
+            given = dict(zip(positions, differentiable, strict=True))
+            inputs = [given[k] if k in given else args[k] for k in range(len(args))]
+            if symbolic:
+                inputs = [jax.tree.map(lambda v: custom_derivatives.CustomVJPPrimal(v, True), inputs[k])
+                          if k in given else inputs[k] for k in range(len(args))]
+            self._in_fwd.depth += 1
+            try:
+                output, residuals = fwd(*inputs)
+            finally:
+                self._in_fwd.depth -= 1
+
+            def vjp(cotangent: Any) -> Any:
+                cotangents = bwd(*(args[k] for k in nondiff), residuals, cotangent)
+                if not isinstance(cotangents, (tuple, list)) or len(cotangents) != len(positions):
+                    raise TypeError(f"Custom VJP bwd rule {getattr(bwd, '__name__', bwd)} must produce a tuple of "
+                                    f"length equal to the number of differentiable arguments ({len(positions)}).")
+                return tuple(cotangents)
+
+            return output, vjp
+
+        f.__name__ = f.__qualname__ = self.name
+
+        def fallback(reason: str) -> Any:
+            reasons.append(reason)
+            return self.mechanism(*args)
+
+        return decorator_form.call_or_fall_back(f, tuple(args[k] for k in positions), self.order, fallback)
+
+
+class _InFwd(threading.local):
+    depth = 0
+
+
+def typing_cast(function: Callable[..., Any] | None) -> Callable[..., Any]:
+    assert function is not None  # (``_resolved`` has checked)
+    return function
