@@ -95,20 +95,35 @@ def _everything_linear(original):
     return linear
 
 
+def _every_argument_needs_its_gradient(original):
+    """ctx.needs_input_grad true for every floating tensor argument, whatever the caller's require."""
+    import torch
+    return lambda args: tuple(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args)
+
+
+def _findings_taken_for_linear(original):
+    """A VJP shown not linear (an op that clips its cotangent) embedded as if it were, so the faces never fall
+    back: the identity's derivative of the clipped cotangent, not the rule."""
+    def kept(state, *rest):
+        from stopgrad_math.shared.linearity import Finding, State
+        return original(State.LINEAR if isinstance(state, Finding) and not state.unknown else state, *rest)
+    return kept
+
+
 def _never_checks(original):
     return lambda tensors, order, name: None
 
 
 def _proves_nothing_while_compiling(original):
     """Every differentiable argument leaf taken for linear under torch.compile, unproven."""
-    return lambda f, leaves, kwargs, outputs, names, order: (list(leaves.differentiable), None, None)
+    return lambda f, leaves, kwargs, outputs, names, order, **options: (list(leaves.differentiable), None, None)
 
 
 def _compiled_as_written(original):
     """Under torch.compile the VJP differentiated as Dynamo traces it, its proven map and transpose dropped: a VJP
     under no_grad is embedded without its derivative (a silent 0)."""
-    def proven(*args):
-        kept, _, _ = original(*args)
+    def proven(*args, **options):
+        kept, _, _ = original(*args, **options)
         return kept, None, None
     return proven
 
@@ -537,7 +552,19 @@ def _nothing_varies(original):
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _FAST = "tests/test_torch_fast_path.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
+_EXISTING_TORCH = "tests/test_existing_code_torch.py"
+_EXISTING_JAX_CASES = "tests/test_jax_custom_vjp_cases.py"
+
 MUTANTS = {
+    "the Function face says every argument needs its gradient": Mutant(
+        "stopgrad_math.torch.function_face", "_needs_input_grad", _every_argument_needs_its_gradient,
+        (f"{_EXISTING_TORCH}::test_needs_input_grad_is_true_exactly_where_the_callers_argument_requires_grad",)),
+    "a backward that is not linear is embedded instead of falling back": Mutant(
+        "stopgrad_math.shared.linearity", "kept", _findings_taken_for_linear,
+        (f"{_EXISTING_TORCH}::test_a_backward_that_cannot_be_embedded_is_the_functions_to_the_bit_and_forward_mode_"
+         "names_why[clip]",
+         f"{_EXISTING_JAX_CASES}::test_a_bwd_not_linear_in_its_cotangent_is_custom_vjps_in_reverse_mode_and_forward_"
+         "mode_names_it")),
     "scale_gradient refuses every call": Mutant(
         "stopgrad_math", "scale_gradient", _refuses, (f"{_SWEEP}[scale_gradient-eager]",)),
     "custom_gradient raises a raw kernel error": Mutant(
