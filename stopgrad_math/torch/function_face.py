@@ -35,6 +35,9 @@ OWN_RULE = ("{name} defines its own {method}, which stopgrad_math.torch.Function
 _Mechanism = type[torch.autograd.Function]
 
 
+_OWN = ("needs_input_grad", "saved_tensors", "non_differentiable")
+
+
 class FunctionContext:
     """The ``ctx`` a Function's forward and backward share on the decorator: what ``torch.autograd.Function``'s
     context holds, for one call."""
@@ -59,9 +62,24 @@ class FunctionContext:
         None; a linear backward gives the same gradient for both."""
         self.materialize_grads = value
 
+    def attributes(self) -> tuple[tuple[str, Any], ...]:
+        """What the backward may read besides the saved tensors: the attributes set on it, as pairs."""
+        return tuple((k, v) for k, v in vars(self).items() if k not in _OWN)
+
     def mark_dirty(self, *tensors: torch.Tensor) -> None:
         raise NotImplementedError("ctx.mark_dirty: " + DIRTY.format(name="a Function") +
                                   "; call it in forward itself, where the class is run by torch.autograd.Function.")
+
+
+def _context_of(needs_input_grad: tuple[bool, ...], saved: tuple[Any, ...],
+                attributes: tuple[tuple[str, Any], ...]) -> FunctionContext:
+    """A context of these parts: a backward's, made anew at each call of the VJP, which closes over the parts alone
+    (tuples of tensors and values, for which the decorator keeps a proof, where it cannot for an object)."""
+    ctx = FunctionContext(needs_input_grad)
+    ctx.saved_tensors = saved
+    for name, value in attributes:
+        setattr(ctx, name, value)
+    return ctx
 
 
 class Function:
@@ -347,15 +365,29 @@ def _forward_and_backward(cls: type[Function]) -> Callable[..., Any]:
         outputs = output if several else (output,)
         _MARKED.indices.clear()
         _MARKED.indices.extend(k for k, o in enumerate(outputs) if any(o is m for m in ctx.non_differentiable))
-
-        def vjp(cotangents: Any) -> tuple[Any, ...]:
-            grads = cls.backward(ctx, *(cotangents if several else (cotangents,)))
-            return (*_input_grads(cls, grads, len(inputs)), None)
-
-        return output, vjp
+        return output, _backward(cls, ctx, several, len(inputs))
 
     forward_and_backward.__name__ = forward_and_backward.__qualname__ = cls.__name__
     return forward_and_backward
+
+
+def _backward(cls: type[Function], ctx: FunctionContext, several: bool, count: int) -> Callable[[Any], Any]:
+    """The VJP: the backward with the forward's ctx. Eagerly it closes over the ctx's parts, rebuilt at each call
+    (``_context_of``), so that the decorator keeps its proof by signature; under torch.compile, which proves f
+    anew as it traces, over the ctx itself (Dynamo before torch 2.8 cannot read an object's ``vars``)."""
+    if torch.compiler.is_compiling():
+        def vjp_of_ctx(cotangents: Any) -> tuple[Any, ...]:
+            grads = cls.backward(ctx, *(cotangents if several else (cotangents,)))
+            return (*_input_grads(cls, grads, count), None)
+
+        return vjp_of_ctx
+    needs, saved, attributes = ctx.needs_input_grad, ctx.saved_tensors, ctx.attributes()
+
+    def vjp(cotangents: Any) -> tuple[Any, ...]:
+        grads = cls.backward(_context_of(needs, saved, attributes), *(cotangents if several else (cotangents,)))
+        return (*_input_grads(cls, grads, count), None)
+
+    return vjp
 
 
 def _input_grads(cls: type[Function], grads: Any, count: int) -> tuple[Any, ...]:
