@@ -33,12 +33,19 @@ def _decorated(x):
     return jnp.logaddexp(x, 0.0), lambda ct: ct * jax.nn.sigmoid(x)
 
 
+@sgm.custom_gradient(order=2)
+def _decorated_at_order_2(x):  # J moves with x: its embedding is the mapped zero, a primitive with a jaxpr in it
+    return jnp.logaddexp(x, 0.0), lambda ct: ct * jax.nn.sigmoid(x)
+
+
 FORMS = {
     "identity form": lambda x: sgm.custom_gradient(jnp.logaddexp(x, 0.0), jax.nn.sigmoid(x), x),
     "decorator": _decorated,
+    "decorator at order 2": _decorated_at_order_2,
     "scale_gradient": lambda x: sgm.scale_gradient(jax.nn.softplus(x), 0.5),
 }
-SLOPES = {"identity form": 1.0, "decorator": 1.0, "scale_gradient": 0.5}  # of the truth, softplus' = sigmoid
+# of the truth, softplus' = sigmoid
+SLOPES = {"identity form": 1.0, "decorator": 1.0, "decorator at order 2": 1.0, "scale_gradient": 0.5}
 
 
 def _truth(form):

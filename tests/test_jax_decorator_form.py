@@ -204,18 +204,39 @@ MODES = {  # each under vmap with a named axis, for psum's sake
     "grad": lambda fn, x: jax.vmap(jax.grad(_sum_of(fn)), axis_name="i")(x[None]),
     "jvp": lambda fn, x: jax.vmap(lambda x: jax.jvp(fn, (x,), (jnp.ones(3),)), axis_name="i")(x[None]),
     "jit(grad)": lambda fn, x: jax.vmap(jax.jit(jax.grad(_sum_of(fn))), axis_name="i")(x[None]),
-    "jit": lambda fn, x: jax.vmap(jax.jit(fn), axis_name="i")(x[None]),
-    "vmap": lambda fn, x: jax.vmap(fn, axis_name="i")(x[None]),
+    "hessian": lambda fn, x: jax.vmap(jax.hessian(_sum_of(fn)), axis_name="i")(x[None]),
+}
+NOT_DIFFERENTIATED = {  # a call no derivative reaches
+    "eager": lambda fn, x: fn(x),
+    "jit": lambda fn, x: jax.vmap(jax.jit(fn), axis_name="i")(x[None])[0],
+    "vmap": lambda fn, x: jax.vmap(fn, axis_name="i")(x[None])[0],
+    "jit(vmap)": lambda fn, x: jax.jit(jax.vmap(fn, axis_name="i"))(x[None])[0],
 }
 
 
+@pytest.mark.parametrize("order", [1, 2])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", NOT_LINEAR)
-def test_a_vjp_that_is_not_linear_is_refused_naming_the_primitive_in_every_mode(case, mode):
+def test_a_vjp_that_is_not_linear_is_refused_naming_the_primitive_where_a_derivative_is_asked(case, mode, order):
     vjp, message = NOT_LINEAR[case]
-    fn = sgm.custom_gradient(lambda x: (2.0 * x, vjp))
+    fn = sgm.custom_gradient(lambda x: (2.0 * x, vjp), order=order)
     with pytest.raises(ValueError, match=message):
         MODES[mode](fn, jnp.array([0.5, -2.0, 3.0]))
+
+
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("mode", NOT_DIFFERENTIATED)
+@pytest.mark.parametrize("case", [c for c in NOT_LINEAR if c != "psum"])
+def test_a_vjp_that_is_not_linear_gives_the_value_where_no_derivative_is_asked(case, mode, order):
+    """As jax.custom_vjp does (issue 58): its bwd runs only under a derivative, and a plain call, jit or vmap of
+    JAX's own clip_gradient example returns the value. Here the VJP is judged where a derivative is asked."""
+    vjp, _ = NOT_LINEAR[case]
+    x = jnp.array([0.5, -2.0, 3.0])
+    fn = sgm.custom_gradient(lambda x: (2.0 * x, vjp), order=order)
+    anchor = jax.custom_vjp(lambda x: 2.0 * x)
+    anchor.defvjp(lambda x: (2.0 * x, None), lambda _, ct: (vjp(ct),))
+    np.testing.assert_array_equal(NOT_DIFFERENTIATED[mode](fn, x), NOT_DIFFERENTIATED[mode](anchor, x))
+    np.testing.assert_array_equal(NOT_DIFFERENTIATED[mode](fn, x), 2.0 * x)
 
 
 def test_why_collectives_are_refused():

@@ -15,10 +15,18 @@ one element, J is vjp(1) and the identity form embeds it, ``h = y −
 
 At ``order=1`` everything the VJP closes over is stopped, so J is constant;
 ``second_derivative_guard`` makes a second derivative raise. At ``order=2``
-f runs at the midpoint ``stop(x) + (x − stop(x))/2``, equal to x bit for bit
-and moving at half speed, which makes J·v exact to second order; y is
-computed at ``stop(x)`` by a second call, so that what f closes over keeps
-its autodiff.
+f runs at x, so J moves with x, and J·v is ``identity.mapped_zero``: its
+tangent is J·dv with J's own tangent left out, so the first derivative is
+J, bit for bit as at ``order=1``, whatever J's derivative holds, and J moves
+in the next derivative alone, which is J's Jacobian (reverse over reverse of
+``jax.custom_vjp``, unsymmetrized). y is computed at ``stop(x)`` by a second
+call, so that what f closes over keeps its autodiff (with x held).
+
+A VJP that cannot be embedded (not proven linear, or reading its cotangent's
+value) is judged where a derivative is asked: the call gives y with a fence
+(``second_derivative_guard.refused``) whose derivative w.r.t. the arguments
+raises the error, so a plain call, ``jit`` or ``vmap`` runs as
+``jax.custom_vjp`` does.
 
 ``vjp_conventions`` reads the arguments' leaves and the VJP's answer; all
 the work after f (``_attached``) is compiled once per signature
@@ -176,26 +184,34 @@ def _ones_of_type(cotangent_type: Any) -> jax.Array:
 
 
 def _terms(f: Callable[..., Any], outputs: Leaves, leaves: Leaves, linear: _LinearMap, consts: list[Any],
-           vs: list[jax.Array]) -> dict[int, jax.Array]:
+           vs: list[jax.Array], order: int) -> dict[int, jax.Array]:
     """The zero term of each differentiable output: +0.0 with derivative J; ``vs``: stop(x) − x for each argument
-    leaf of ``linear.arguments``."""
+    leaf of ``linear.arguments``. At ``order=2`` J moves with ``consts``, and its own derivative reaches the second
+    derivative alone (``mixed=False``, ``mapped_zero``)."""
     if _one_element(outputs, leaves, linear):  # the identity form, with the Jacobian's one row vjp(1)
         index = outputs.differentiable[0]
         y = outputs.values[index]
         gradients = linear(_ones_of_type(linear.cotangents[0]), consts=consts)
-        terms = [identity.zero_term(Layout.SCALAR, y, leaves.values[k], g, zero)
+        terms = [identity.zero_term(Layout.SCALAR, y, leaves.values[k], g, zero, mixed=False)
                  for k, g, zero in zip(linear.arguments, gradients, vs, strict=True)]
         return {index: jnp.reshape(sum(terms, jnp.zeros((), y.dtype)), y.shape)}
     if not vs:
         return {}
-    transpose = jax.linear_transpose(lambda *cts: linear(*cts, consts=consts), *linear.cotangents)
-    try:
-        products = transpose(vs)
-    except (AssertionError, NotImplementedError, TypeError) as error:  # proven linear; JAX cannot transpose it
-        # (0.4.35 raises a TypeError on an undefined primal where 0.10 raises NotImplementedError, for cg)
-        products = _products_by_columns(f, linear, consts, vs, error)
-    return {k: identity.zero_with_derivative_of(p) for k, p in zip(outputs.differentiable, products, strict=True)
-            if p is not None}
+
+    def products(consts: list[Any], vs: list[jax.Array]) -> list[jax.Array]:
+        """J·v, J the transpose of the VJP at ``consts``."""
+        transpose = jax.linear_transpose(lambda *cts: linear(*cts, consts=consts), *linear.cotangents)
+        try:
+            return list(transpose(vs))
+        except (AssertionError, NotImplementedError, TypeError) as error:  # proven linear; JAX cannot transpose it
+            # (0.4.35 raises a TypeError on an undefined primal where 0.10 raises NotImplementedError, for cg)
+            return _products_by_columns(f, linear, consts, vs, error)
+
+    if order == 2:
+        zeros = identity.mapped_zero(products, consts, vs)
+    else:
+        zeros = [identity.zero_with_derivative_of(p) for p in products(consts, vs)]
+    return dict(zip(outputs.differentiable, zeros, strict=True))
 
 
 # J·v by columns holds vjp's Jacobian whole: up to this many elements (64 MiB of float32).
@@ -235,11 +251,8 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     if not leaves.differentiable:
         return call_f(f, args, kwargs)[0]
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
-    at = stopped
-    if order == 2:
-        at = {k: s + identity.zero_with_slope(leaves.values[k], False) / 2 for k, s in stopped.items()}
-    y, vjp = call_f(f, leaves.with_values(at), kwargs)
-    if order == 2:
+    y, vjp = call_f(f, leaves.with_values({} if order == 2 else stopped), kwargs)
+    if order == 2:  # the VJP's residuals move with x; y is f's value at stop(x), with what f closes over live
         y = call_f(f, leaves.with_values(stopped), kwargs)[0]
     outputs = Leaves.of(y, "y")
     if not outputs.differentiable:
@@ -251,9 +264,11 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
             attached = _attached(call, vjp, [leaves.values[k] for k in leaves.differentiable],
                                  [outputs.values[k] for k in outputs.differentiable])
     except (NotEmbeddable, jax.errors.ConcretizationTypeError) as error:  # (the latter: a read of the cotangent)
-        if fallback is None:
-            raise
-        return fallback(str(error))
+        if fallback is not None:
+            return fallback(str(error))
+        watched = [leaves.values[k] for k in leaves.differentiable]
+        attached = [second_derivative_guard.refused(outputs.values[k], watched, type(error), str(error))
+                    for k in outputs.differentiable]
     return outputs.with_values(dict(zip(outputs.differentiable, attached, strict=True)))
 
 
@@ -319,7 +334,7 @@ def _attached(call: _Call, vjp: Callable[[Any], Any], arguments: list[jax.Array]
     zeros = [identity.zero_with_slope(leaves.values[k], slope_is_negative=True) for k in linear.arguments]
     if call.guard:
         zeros = [second_derivative_guard.guarded(zero, watched, order, name_of(call.f)) for zero in zeros]
-    terms = _terms(call.f, outputs, leaves, linear, consts, zeros)
+    terms = _terms(call.f, outputs, leaves, linear, consts, zeros, order)
     return [identity.attach(outputs.values[k], [terms[k]]) if k in terms else outputs.values[k]
             for k in outputs.differentiable]
 

@@ -30,19 +30,23 @@ stop = jax.lax.stop_gradient
 _zero_product_p = core.Primitive("stopgrad_math_zero_product")
 
 
-def _constant_zero(g: jax.Array, zero: jax.Array) -> jax.Array:
+def _constant_zero(g: jax.Array, zero: jax.Array, *, mixed: bool = True) -> jax.Array:
     # The value reads neither factor: under jit, g then has one consumer (the derivative), and XLA fuses it there
     # rather than materializing it for a value that is +0.0 anyway.
     return jnp.zeros(zero.shape, zero.dtype)
 
 
-def _zero_product_jvp(primals: list[jax.Array], tangents: list[Any]) -> tuple[jax.Array, jax.Array]:
+def _zero_product_jvp(primals: list[jax.Array], tangents: list[Any], *, mixed: bool) -> tuple[jax.Array, Any]:
     g, zero = primals
+    product = _zero_product_p.bind(g, zero, mixed=mixed)
+    if not mixed:  # g·dzero alone: g's own tangent reaches the next derivative, through g in this one
+        dzero = tangents[1]
+        return product, dzero if type(dzero) is ad.Zero else g * dzero  # (zero has the product's type)
     dg, dzero = (ad.instantiate_zeros(t) for t in tangents)  # a NaN g's NaN·0 is kept: a lost derivative shows
-    return _zero_product_p.bind(g, zero), g * dzero + dg * zero
+    return product, g * dzero + dg * zero
 
 
-def _zero_product_transpose(ct: Any, g: Any, zero: Any) -> list[Any]:
+def _zero_product_transpose(ct: Any, g: Any, zero: Any, *, mixed: bool) -> list[Any]:
     if type(ct) is ad.Zero:
         return [None, None]
     if ad.is_undefined_primal(zero) and not ad.is_undefined_primal(g):
@@ -52,10 +56,10 @@ def _zero_product_transpose(ct: Any, g: Any, zero: Any) -> list[Any]:
     raise NotImplementedError("the product of two linear values is not linear")
 
 
-def _zero_product_batch(args: list[jax.Array], dims: list[Any]) -> tuple[jax.Array, int]:
+def _zero_product_batch(args: list[jax.Array], dims: list[Any], *, mixed: bool) -> tuple[jax.Array, int]:
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     g, zero = (batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True))
-    return _zero_product_p.bind(g, zero), 0
+    return _zero_product_p.bind(g, zero, mixed=mixed), 0
 
 
 def checked_by_shard_map(primitive: Any, constant: bool = False, as_first: bool = False) -> None:
@@ -80,7 +84,7 @@ def checked_by_shard_map(primitive: Any, constant: bool = False, as_first: bool 
 
 
 _zero_product_p.def_impl(_constant_zero)
-def _zero_product_type(g: Any, zero: Any) -> Any:
+def _zero_product_type(g: Any, zero: Any, *, mixed: bool) -> Any:
     """The product's type: zero's shape and dtype, and, inside shard_map, varying over the manual axes either
     factor varies over (JAX 0.6 to 0.9 call them ``vma``, 0.10 ``mat.varying``), as a product's type is: an
     invariant type there would make JAX mark the result varying again (pvary) where it already is."""
@@ -106,7 +110,7 @@ batching.primitive_batchers[_zero_product_p] = _zero_product_batch
 checked_by_shard_map(_zero_product_p)
 
 
-def zero_product(g: jax.Array, zero: jax.Array) -> jax.Array:
+def zero_product(g: jax.Array, zero: jax.Array, mixed: bool = True) -> jax.Array:
     """g·zero where one factor is an exact zero in value: +0.0 whatever the other is (inf, NaN); broadcasting.
 
     Every use in the library multiplies by ``stop(x) − x`` (+0.0, and the
@@ -119,7 +123,11 @@ def zero_product(g: jax.Array, zero: jax.Array) -> jax.Array:
     no multiply_no_nan, and a select that masked the value would mask the
     derivative too). ``dg·zero`` is zero in value but keeps its slope in
     zero, which second derivatives mixing g's arguments with x need
-    (``partial_custom_gradient``). A primitive, not a ``jax.custom_jvp``:
+    (``partial_custom_gradient``). ``mixed=False`` drops it: the tangent is
+    ``g·dzero`` alone, so the first derivative is g whatever g's own
+    derivative holds, and g's tangent reaches only the next derivative, the
+    Jacobian of g (the decorator at ``order=2``, where g is the declared
+    gradient). A primitive, not a ``jax.custom_jvp``:
     differentiating a scan or fori_loop partially evaluates its body, where
     JAX inlines a custom_jvp without its rule, and second derivatives through
     a loop were silently wrong.
@@ -127,7 +135,7 @@ def zero_product(g: jax.Array, zero: jax.Array) -> jax.Array:
     dtype = jnp.result_type(g, zero)
     shape = jnp.broadcast_shapes(jnp.shape(g), jnp.shape(zero))
     return _zero_product_p.bind(jnp.broadcast_to(jnp.asarray(g, dtype), shape),
-                                jnp.broadcast_to(jnp.asarray(zero, dtype), shape))
+                                jnp.broadcast_to(jnp.asarray(zero, dtype), shape), mixed=mixed)
 
 
 # The carrier: +0.0 in value whatever a is, with a's derivative. Ordinary ops give a zero with a's derivative only
@@ -169,6 +177,73 @@ def carried_zero(a: jax.Array) -> jax.Array:
     tangent bit for bit.
     """
     return _carried_zero_p.bind(a)
+
+
+# The linear map's zero: J(c)·v for the zero v, whose value is the constant +0.0 and whose tangent is J(c)·dv with
+# c as it is. Ordinary ops would give (∂J·dc)·v + J·dv: the first term is +0.0 in value but NaN where J's own
+# derivative is not finite, and at the next derivative it adds the transpose of J's Jacobian (a Hessian made
+# symmetric). Here c's tangent reaches no first derivative; c itself, a value of the next derivative, carries it
+# there, so the second derivative is the Jacobian of the declared gradient, as grad-of-grad of jax.custom_vjp.
+_mapped_zero_p = core.Primitive("stopgrad_math_mapped_zero")
+_mapped_zero_p.multiple_results = True
+
+
+def _mapped_zeros(*operands: Any, linear: Any, split: int) -> list[jax.Array]:
+    del operands, split
+    return [jnp.zeros(a.shape, a.dtype) for a in linear.out_avals]
+
+
+def _mapped_zero_jvp(primals: list[Any], tangents: list[Any], *, linear: Any,
+                     split: int) -> tuple[list[Any], list[Any]]:
+    zeros = _mapped_zero_p.bind(*primals, linear=linear, split=split)
+    consts, vs = primals[:split], primals[split:]
+    moving = [k for k, t in enumerate(tangents[split:]) if type(t) is not ad.Zero]
+    if not moving:  # only c moves: no first derivative here, and none made of J times a zero that is not there
+        return zeros, [ad.Zero(a.update(weak_type=False).to_tangent_aval()) for a in linear.out_avals]
+
+    def applied(*moved: jax.Array) -> list[jax.Array]:
+        at = list(vs)
+        for k, v in zip(moving, moved, strict=True):
+            at[k] = v
+        return core.jaxpr_as_fun(linear)(*consts, *at)
+
+    # J·dv as the derivative of the linear map in the moving v alone: a v that does not move stays a symbolic
+    # zero, which a NaN in its part of J does not meet
+    products = jax.jvp(applied, [vs[k] for k in moving], [tangents[split + k] for k in moving])[1]
+    return zeros, list(products)
+
+
+def _mapped_zero_batch(args: list[Any], dims: list[Any], *, linear: Any, split: int) -> tuple[list[Any], list[int]]:
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    moved = [a if d is None else batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True)]
+    axes = [None if d is None else 0 for d in dims]
+    batched = jax.make_jaxpr(jax.vmap(core.jaxpr_as_fun(linear), in_axes=axes))(*moved)
+    return _mapped_zero_p.bind(*moved, linear=batched, split=split), [0] * len(batched.out_avals)
+
+
+_mapped_zero_p.def_impl(_mapped_zeros)
+_mapped_zero_p.def_abstract_eval(lambda *operands, linear, split: [a.update(weak_type=False)
+                                                                   for a in linear.out_avals])
+mlir.register_lowering(_mapped_zero_p, mlir.lower_fun(_mapped_zeros, multiple_results=True))
+ad.primitive_jvps[_mapped_zero_p] = _mapped_zero_jvp
+batching.primitive_batchers[_mapped_zero_p] = _mapped_zero_batch
+checked_by_shard_map(_mapped_zero_p)
+
+
+def mapped_zero(linear_map: Any, consts: list[Any], vs: list[jax.Array]) -> list[jax.Array]:
+    """+0.0 for each result of ``linear_map(consts, vs)``, linear in ``vs``, with derivative J(c)·dv, where c
+    moves only at the next derivative: the first derivative is J whatever J's own derivative holds, and the
+    second is J's Jacobian, unsymmetrized.
+
+    Where J is constant (c stopped) the carrier over the ordinary ops gives the same; this one is for a J that
+    moves with x (the decorator at ``order=2``). The map is staged into a jaxpr on c's and v's types, and its
+    value is never computed.
+    """
+    def staged(*operands: Any) -> list[jax.Array]:
+        return list(linear_map(list(operands[:len(consts)]), list(operands[len(consts):])))
+
+    linear = jax.make_jaxpr(staged)(*consts, *vs)
+    return list(_mapped_zero_p.bind(*consts, *vs, linear=linear, split=len(consts)))
 
 
 def is_inexact(dtype: Any) -> bool:
@@ -246,11 +321,12 @@ def attach(value: jax.Array, terms: list[jax.Array]) -> jax.Array:
 
 
 
-def zero_term(layout: Layout, fx: jax.Array, x: jax.Array, g: jax.Array, zero: jax.Array | None = None) -> jax.Array:
+def zero_term(layout: Layout, fx: jax.Array, x: jax.Array, g: jax.Array, zero: jax.Array | None = None,
+              mixed: bool = True) -> jax.Array:
     """+0.0 broadcasting to fx's shape, with derivative g in its layout; ``zero`` is stop(x) − x where the
-    caller has made it (the decorator's carries its guard)."""
+    caller has made it (the decorator's carries its guard); ``mixed`` as in ``zero_product``."""
     zero = zero_with_slope(x, slope_is_negative=True) if zero is None else zero
-    product = zero_product(g, zero.astype(fx.dtype))
+    product = zero_product(g, zero.astype(fx.dtype), mixed)
     if layout is Layout.ELEMENTWISE:
         return product
     if layout is Layout.JACOBIAN:

@@ -46,30 +46,40 @@ def _one(*operands: Any, **params: Any) -> jax.Array:
     return jnp.ones((), jnp.float32)
 
 
-def _fence_jvp(primals: list[Any], tangents: list[Any], *, depth: int, message: str) -> tuple[Any, Any]:
+def _fence_jvp(primals: list[Any], tangents: list[Any], *, depth: int, message: str,
+               error: type[Exception]) -> tuple[Any, Any]:
     if any(type(t) is not ad.Zero for t in tangents):  # something watched moves: a derivative one level deeper
         if depth <= 1:
-            raise LookupError(message)
+            raise _made(error, message)
         depth -= 1
-    return _fence_p.bind(*primals, depth=depth, message=message), jnp.zeros((), jnp.float32)
+    return _fence_p.bind(*primals, depth=depth, message=message, error=error), jnp.zeros((), jnp.float32)
 
 
-def _fence_batch(args: list[Any], dims: list[Any], *, depth: int, message: str) -> tuple[Any, Any]:
+def _made(error: type[Exception], message: str) -> Exception:
+    """error(message), for an error class whose constructor takes other arguments too (JAX's tracer errors, which
+    a VJP judged where it is differentiated raises there as it would have at the call)."""
+    made = error.__new__(error)
+    Exception.__init__(made, message)
+    return made
+
+
+def _fence_batch(args: list[Any], dims: list[Any], *, depth: int, message: str,
+                 error: type[Exception]) -> tuple[Any, Any]:
     del dims  # one fence for the whole batch: it is 1 for every example
-    return _fence_p.bind(*args, depth=depth, message=message), None  # None: not mapped
+    return _fence_p.bind(*args, depth=depth, message=message, error=error), None  # None: not mapped
 
 
 _fence_p.def_impl(_one)
-_fence_p.def_abstract_eval(lambda *watched, depth, message: jax.core.ShapedArray((), jnp.float32))
+_fence_p.def_abstract_eval(lambda *watched, depth, message, error: jax.core.ShapedArray((), jnp.float32))
 ad.primitive_jvps[_fence_p] = _fence_jvp
 batching.primitive_batchers[_fence_p] = _fence_batch
 identity.checked_by_shard_map(_fence_p, constant=True)
 mlir.register_lowering(_fence_p, mlir.lower_fun(_one, multiple_results=False))
 
 
-def fence(depth: int, message: str, watched: list[jax.Array]) -> jax.Array:
-    """1.0, whose derivative ``depth`` deep w.r.t. ``watched`` raises ``LookupError(message)``."""
-    return _fence_p.bind(*watched, depth=depth, message=message)
+def fence(depth: int, message: str, watched: list[jax.Array], error: type[Exception] = LookupError) -> jax.Array:
+    """1.0, whose derivative ``depth`` deep w.r.t. ``watched`` raises ``error(message)``."""
+    return _fence_p.bind(*watched, depth=depth, message=message, error=error)
 
 
 # The guard: v, whose tangent is dv·fence(watched). A primitive as the fence is, and not a jax.custom_jvp: its rule
@@ -121,6 +131,13 @@ def held_constant(value: jax.Array, message: str) -> jax.Array:
     """value, bit for bit (a product with the fence's 1), whose derivative raises ``LookupError(message)``:
     a value the decorator cannot differentiate, refused where it is differentiated and nowhere else."""
     return _times(value, fence(1, message, [value]))
+
+
+def refused(value: jax.Array, watched: list[jax.Array], error: type[Exception], message: str) -> jax.Array:
+    """value, bit for bit, whose derivative w.r.t. ``watched`` raises ``error(message)``: a VJP that cannot be
+    embedded is judged where a derivative is asked, and a call that none reaches (eagerly, under jit or vmap)
+    gives f's value, as jax.custom_vjp does."""
+    return _times(value, fence(1, message, watched, error))
 
 
 # A fence of two groups: 1.0, whose derivative raises where the first operand and any other move in one jvp.
