@@ -19,11 +19,16 @@ derivative.
 
 At ``order=1`` f runs at stop(x) and what the VJP closes over is stopped, so
 J is constant; ``second_derivative_guard`` makes a second derivative raise
-where PyTorch shows it. At ``order=2`` f runs at the midpoint
-``stop(x) + (x − stop(x))/2``, equal to x bit for bit and moving at half
-speed, which makes J·v exact to second order; y is computed at stop(x) by a
-second call. What f reads other than its positional arguments (keyword
-arguments, a module's parameters) keeps y's ordinary autodiff.
+where PyTorch shows it. At ``order=2`` f runs at x, so what the VJP closes
+over moves with x, and the zero term is ``identity.mapped_zero``: an
+``autograd.Function`` whose backward is the VJP and whose jvp is J·dv, run on
+those tensors as they are and giving them no derivative itself. So the first
+derivative is J, as at ``order=1``, whatever J's own derivative holds, and a
+double backward or a nested ``torch.func`` transform differentiates the VJP's
+ops (the Jacobian of the declared gradient, as PyTorch's double backward of a
+Function gives it); y is computed at stop(x) by a second call. What f reads
+other than its positional arguments (keyword arguments, a module's
+parameters) keeps y's ordinary autodiff.
 
 Under ``torch.compile`` Dynamo traces all of this into one graph, but the
 VJP it holds is its own variable, which make_fx cannot trace again: there
@@ -290,10 +295,7 @@ def _known(cotangents: _Cotangents, vjp: Callable[[Any], Any],
     if vjp_map is None or transposed is None:
         return [], lambda *cts: [], tensors, None
     constants = tensors if order == 2 else [identity.stop(t) for t in tensors]
-
-    def linear(*cts: torch.Tensor) -> list[torch.Tensor]:  # (forward: a Module's call adds its hooks' checks)
-        return list(vjp_map.forward(*cts, *constants))
-
+    linear = linear_ops.LinearMap(vjp_map.forward, constants)  # (forward: a Module's call adds its hooks' checks)
     return list(proof.kept), linear, tensors, _Transpose(transposed, constants, proof.maps_tangents, proof.factor)
 
 
@@ -399,20 +401,54 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
         return _REFUSALS[int(kept[0])]
     if key < 0:
         return kept, None, None
-    given = [_moving(flat[k], order) for k in tensors]
+    given = [identity.stop(flat[k]) if order == 1 else flat[k] for k in tensors]
     reader = _stopgrad_math_reader(f, key)
     if reader:  # the tensors from outside, read as f reads them
         given += [identity.stop(t) if order == 1 else t for t in getattr(_READERS, reader)(*flat)]
+    if order == 2:  # the graphs compute J from the arguments as they are: mapped_zero's derivatives
+        return kept, _Registered(key, given), None
     return (kept, lambda *cts: list(_run_compiled(key, *cts, *given)),
             lambda *vs: list(_run_compiled(key + 1, *vs, *given)))
 
 
-def _moving(tensor: torch.Tensor, order: int) -> torch.Tensor:
-    """An argument tensor as the registered graphs read it: stopped at order 1; at order 2 the midpoint at which
-    ``_evaluated`` evaluates the VJP, so that AOTAutograd's derivative of J·v through it is exact to second order."""
-    if order == 1 or not (tensor.is_floating_point() or tensor.is_complex()):
-        return identity.stop(tensor)
-    return identity.stop(tensor) + identity.zero_with_slope(tensor, slope_is_negative=False) / 2
+@dataclasses.dataclass(frozen=True)
+class _Registered:
+    """The graphs registered at ``key`` for a compiled call at order 2, and the tensors they read after their first
+    inputs (f's arguments as they are, then those read from outside)."""
+
+    key: int
+    given: list[torch.Tensor]
+
+    def __call__(self, *cts: torch.Tensor) -> list[torch.Tensor]:
+        return list(_run_compiled(self.key, *cts, *self.given))
+
+
+@dataclasses.dataclass(frozen=True)
+class _KeyedMaps:
+    """``identity.mapped_zero``'s maps from the graphs at ``key``, inside a compiled graph (``_run_mapped_zero``)."""
+
+    key: int
+
+    def zeros(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [torch.zeros_like(p) for p in _COMPILED[self.key + 1](*vs, *constants)]  # (a dead J·v: DCE'd)
+
+    def linear(self, cts: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
+        return list(_COMPILED[self.key](*cts, *constants))
+
+    def transposed(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
+        second_derivative_guard.check_forward_over_forward(_NAMES.get(self.key, "f"))
+        return list(_COMPILED[self.key + 1](*vs, *constants))
+
+
+_NAMES: dict[int, str] = {}  # the decorated function's name at each key of ``_COMPILED``, for its messages
+
+
+@torch._dynamo.allow_in_graph  # type: ignore[untyped-decorator]
+def _run_mapped_zero(key: int, count: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``identity.mapped_zero`` of the graphs at ``key`` on the ``count`` zeros v and then the tensors they read,
+    in a compiled graph: Dynamo keeps the call (it traces no Function with a jvp), and AOTAutograd traces the
+    Function and its derivatives in every mode."""
+    return tuple(identity.mapped_zero(_KeyedMaps(key), list(tensors[:count]), list(tensors[count:])))
 
 
 @torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
@@ -469,8 +505,11 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
         given = dict(zip(tensors, values[count:], strict=True))
         args, kwargs = pytree.tree_unflatten([given.get(k, v) for k, v in enumerate(flat)], structure)
         roots = list(values[count:]) if order == 2 else None  # (its argument tensors)
-        with nesting.evaluating(1), unrecorded.watching(roots) as watch:  # a decorated call in f gives its value
-            y, vjp = call_f(f, args, kwargs)  # alone: only the VJP's ops are judged
+        # f in grad mode, as a call runs it (the trace runs as a backward does, without): at order 2 the watch
+        # then finds only what f itself computes with grad mode off
+        with nesting.evaluating(1), unrecorded.watching(roots) as watch, torch.set_grad_enabled(order == 2):
+            y, vjp = call_f(f, args, kwargs)  # a decorated call in f gives its value alone: only the VJP's ops are
+            # judged
         vjps.append(vjp)
         lifted = vjp_closure.lifted(vjp)
         unrecorded.check(watch, [] if lifted is None else lifted.tensors, name_of(f))
@@ -496,7 +535,7 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
             outside = [k for k in range(len(traced.constants)) if k not in traced.literals]
             key = _registered(traced, [read[-1].found.index(k) for k in kept],
                               [examples[count + tensors.index(k)] for k in kept], examples, count, outside)
-            _READS[key] = reads
+            _READS[key], _NAMES[key] = reads, name_of(f)
             return (key, *kept)
     except (ValueError, TypeError, LookupError):
         raise
@@ -514,9 +553,9 @@ def _routed(f: Callable[..., Any], traced: linear_ops.Traced, flat: Sequence[Any
     where it is the map, and anything else is refused: a ValueError naming why."""
     outside = [traced.constants[k] for k in range(len(traced.constants)) if k not in traced.literals]
     numbers = all(traced.constants[k].numel() == 1 for k in traced.literals)
-    if numbers and not outside and order == 1:
+    if numbers and not outside:
         return []
-    if as_written():
+    if order == 1 and as_written():  # (order 2 embeds the graphs alone: their derivatives are mapped_zero's)
         return None
     reads = outside_reads.paths(f, flat, outside, _is_shape) if numbers else None
     if reads is None:
@@ -679,28 +718,67 @@ def _one_element(outputs: Leaves, xs: list[torch.Tensor]) -> bool:
 def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
                order: int) -> tuple[Any, Any, unrecorded.Watch | None]:
     """f's ``(y, vjp)``: y at stop(x); the VJP at stop(x) (order 1: what it closes over is stopped when it is
-    embedded), or at the midpoint stop(x) + (x − stop(x))/2 (order 2), watched where reverse mode may
-    differentiate it eagerly (``unrecorded``: a watch of what f computed without grad mode; else None)."""
+    embedded), or at x (order 2, eagerly and under torch.func), watched where reverse mode may differentiate it
+    (``unrecorded``: a watch of what f computed without grad mode; else None). Compiled, the VJP at stop(x):
+    the proof's graphs compute J from the arguments (``_Registered``)."""
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     if order == 1:
         return (*call_f(f, leaves.with_values(stopped), kwargs), None)
-    midpoint = {k: s + identity.zero_with_slope(leaves.values[k], slope_is_negative=False) / 2
-                for k, s in stopped.items()}
+    if torch.compiler.is_compiling():  # the proof's graphs compute J from the arguments (``_Registered``)
+        return (*call_f(f, leaves.with_values(stopped), kwargs), None)
+    moving = [leaves.values[k] for k in leaves.differentiable]
     watch = None
-    if not torch.compiler.is_compiling() and any(m.requires_grad for m in midpoint.values()):
-        watch = unrecorded.Watch(list(midpoint.values()))  # (Dynamo traces no mode: compiled, the proof watches)
+    if any(x.requires_grad for x in moving):
+        watch = unrecorded.Watch(moving)
         with watch:
-            vjp = call_f(f, leaves.with_values(midpoint), kwargs)[1]
+            vjp = call_f(f, leaves.with_values({}), kwargs)[1]
     else:
-        vjp = call_f(f, leaves.with_values(midpoint), kwargs)[1]
+        vjp = call_f(f, leaves.with_values({}), kwargs)[1]
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
 
 
+@dataclasses.dataclass(frozen=True)
+class _Maps:
+    """The proven VJP and its transpose as functions of what the VJP closes over, at order 2: the derivatives of
+    ``identity.mapped_zero``, which takes those tensors as its inputs."""
+
+    vjp: linear_ops.LinearMap
+    transpose: _Transpose | None
+    outputs: list[tuple[torch.Size, torch.dtype]]
+    cotangents: list[torch.Tensor]  # examples of y's cotangents
+    name: str
+
+    def zeros(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [torch.zeros(shape, dtype=dtype, device=vs[0].device) for shape, dtype in self.outputs]
+
+    def linear(self, cts: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
+        return self.vjp.on(constants)(*cts)
+
+    def transposed(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
+        second_derivative_guard.check_forward_over_forward(self.name)
+        if self.transpose is not None:
+            return dataclasses.replace(self.transpose, constants=constants)(*vs)
+        return list(torch.func.vjp(self.vjp.on(constants), *_zeros_like(self.cotangents))[1](list(vs)))
+
+
 def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: int,
-              transposed: Linear | None = None) -> Any:
+              transposed: Linear | None = None, name: str = "f") -> Any:
     """y with each differentiable output's zero term attached; ``linear``: the proven VJP, from the cotangents of
     y's differentiable leaves to those of ``xs``; ``transposed``: its transpose J·v where it is at hand (else the
     pullback of torch.func.vjp of ``linear``)."""
+    if order == 2 and isinstance(linear, _Registered):  # compiled
+        vs = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
+        zeros = list(_run_mapped_zero(linear.key, len(vs), *vs, *linear.given))
+        return outputs.with_values({k: identity.attach(outputs.values[k], [z])
+                                    for k, z in zip(outputs.differentiable, zeros, strict=True)})
+    if order == 2 and isinstance(linear, linear_ops.LinearMap):
+        ys = outputs.tensors()
+        maps = _Maps(linear, transposed if isinstance(transposed, _Transpose) else None,
+                     [(y.shape, y.dtype) for y in ys], ys, name)
+        zeros = identity.mapped_zero(maps, [identity.zero_with_slope(x, slope_is_negative=True) for x in xs],
+                                     linear.constants)
+        return outputs.with_values({k: identity.attach(outputs.values[k], [z])
+                                    for k, z in zip(outputs.differentiable, zeros, strict=True)})
     if _one_element(outputs, xs):  # the identity form, with the Jacobian's one row vjp(1)
         index = outputs.differentiable[0]
         value = outputs.values[index]
@@ -795,7 +873,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         if product is not None:
             return product
         xs = [second_derivative_guard.hooked(x, closed_over, name) for x in xs] if order == 1 else xs
-    return _attached(linear, outputs, xs, order, transposed)
+    return _attached(linear, outputs, xs, order, transposed, name)
 
 
 def _product_of_map(outputs: Leaves, xs: list[torch.Tensor], transposed: Linear | None,

@@ -177,6 +177,45 @@ def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor], linked: 
     return zero + torch.where(never, total, 0.0).to(zero.dtype)
 
 
+class _MappedZero(torch.autograd.Function):
+    """+0.0 for each output of J(c)·v; backward gives Jᵀ·ct, jvp J·dv, each at c as it is, and nothing to c."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(maps: Any, count: int, *operands: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(maps.zeros(operands[:count], list(operands[count:])))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.maps, ctx.count = inputs[0], inputs[1]
+        constants = inputs[2 + ctx.count:]
+        ctx.save_for_backward(*constants)
+        ctx.save_for_forward(*constants)
+
+    @staticmethod
+    def backward(ctx: Any, *cts: torch.Tensor) -> tuple[Any, ...]:
+        constants = list(ctx.saved_tensors)
+        return (None, None, *ctx.maps.linear(cts, constants), *[None] * len(constants))
+
+    @staticmethod
+    def jvp(ctx: Any, _maps: Any, _count: Any, *tangents: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(ctx.maps.transposed(tangents[:ctx.count], list(ctx.saved_tensors)))
+
+
+def mapped_zero(maps: Any, vs: list[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
+    """+0.0 for each output of the linear map J(c)·v, whose derivative is J(c) with c's own derivative left to the
+    next one: ``backward`` gives Jᵀ·ct and ``jvp`` J·dv, by ``maps.linear(ct, c)`` (the VJP) and
+    ``maps.transposed(v, c)``, with c (``constants``, what the VJP closes over) as inputs that get no derivative
+    here, so that a double backward or a nested ``torch.func`` transform differentiates the maps through c (the
+    Jacobian of the declared gradient), while the first derivative is J whatever J's own derivative holds.
+    ``maps.zeros(v, c)``: the +0.0 outputs. Where J is constant the carrier over ordinary ops gives the
+    same (``zero_with_derivative_of``); this is the decorator's ``order=2``.
+    """
+    zeros: tuple[torch.Tensor, ...] = _MappedZero.apply(maps, len(vs), *vs, *constants)  # type: ignore[no-untyped-call]
+    return list(zeros)
+
+
 def attach(value: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
     """value − Σ terms, each exactly +0.0 and broadcasting to value's shape: the value, bit for bit."""
     for term in terms:

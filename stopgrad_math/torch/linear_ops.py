@@ -385,13 +385,25 @@ class Traced:
         The graph was traced as a backward runs, so what stops a derivative there (``detach``, ``.data``) is a
         no-op on the cotangent's values, and so it is here: on the cotangent's path it is an alias. Elsewhere (a
         constant the VJP detaches) it stays a stop."""
-        module = _differentiable(self)
+        return LinearMap(_differentiable(self), constants, outputs)
 
-        def linear(*cotangents: torch.Tensor) -> list[torch.Tensor]:
-            values = module(*cotangents, *constants)
-            return [values[k] for k in outputs]
 
-        return linear
+@dataclasses.dataclass(frozen=True)
+class LinearMap:
+    """A VJP's map as a graph run on the cotangents and then ``constants`` (the tensors it closes over): the
+    results at ``outputs`` (all of them where None)."""
+
+    run: Callable[..., Sequence[torch.Tensor]]
+    constants: list[torch.Tensor]
+    outputs: list[int] | None = None
+
+    def __call__(self, *cotangents: torch.Tensor) -> list[torch.Tensor]:
+        values = self.run(*cotangents, *self.constants)
+        return list(values) if self.outputs is None else [values[k] for k in self.outputs]
+
+    def on(self, constants: list[torch.Tensor]) -> LinearMap:
+        """The same map with other tensors for the constants (the same tensors as inputs of a Function)."""
+        return dataclasses.replace(self, constants=constants)
 
 
 _STOPS = ("detach", "detach_copy")

@@ -88,6 +88,21 @@ def check(tensors: Iterable[torch.Tensor], order: int, name: str) -> None:
         raise LookupError(BEYOND_ORDER[order].format(name=name))
 
 
+FORWARD_OVER_FORWARD = (
+    "A forward-mode derivative of a forward-mode derivative through {name} (torch.func.jacfwd of jacfwd, jvp of "
+    "jvp) would miss the term through its vjp's own dependence on the arguments: at order=2 the declared "
+    "derivative is an autograd.Function's jvp, whose result an outer torch.func jvp does not differentiate "
+    "(PyTorch gives 0 there). Take the second derivative with reverse mode inside: torch.func.hessian "
+    "(jacfwd of jacrev), jacrev of jacrev or of jacfwd, or autograd.grad with create_graph=True.")
+
+
+def check_forward_over_forward(name: str) -> None:
+    """LookupError naming the compositions that are exact, where a torch.func jvp level runs inside another (the
+    decorator's order 2, whose forward-mode rule an outer jvp cannot differentiate)."""
+    if sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters()) > 1:
+        raise LookupError(FORWARD_OVER_FORWARD.format(name=name))
+
+
 def hooked(x: torch.Tensor, stopped: list[torch.Tensor], name: str) -> torch.Tensor:
     """x, or where backward may reach it, an alias of it with a hook for a backward pass recording a second
     derivative (order 1). ``stopped``: what J depends on besides x, held constant (the tensors the VJP closes

@@ -1,7 +1,7 @@
 """Tensors f computes from its arguments with grad mode off: what ``order=2`` cannot differentiate through.
 
-At ``order=2`` the decorator runs f at the midpoint and differentiates the
-VJP through what it closes over. A tensor f computed from a moving argument
+At ``order=2`` the decorator runs f at x and differentiates the VJP through
+what it closes over. A tensor f computed from a moving argument
 under ``no_grad`` (``set_grad_enabled(False)``, ``inference_mode``), as a
 Function's forward runs, keeps no record of that dependence for reverse mode,
 while forward mode records it all the same: ``torch.func.hessian`` took half

@@ -1,0 +1,213 @@
+"""Issue 58 on PyTorch: ``order=2`` keeps ``order=1``'s first derivatives bit for bit, and its second derivative is
+the Jacobian of the declared gradient, as PyTorch's double backward of the same rule written as an
+``autograd.Function`` gives it (unsymmetrized), eagerly, under ``torch.func`` and under ``torch.compile``.
+
+The rules, restated: a norm guarded at the zero vector, a softplus whose rule selects between two branches (one
+overflowing where it is not taken), a logsumexp with an infinite operand, and a cross-entropy whose declared
+gradient w.r.t. the targets assumes they sum to one (no gradient of a function: its Jacobian is not symmetric).
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stopgrad_math.torch as sgm  # noqa: E402
+
+
+def guarded_norm(x):
+    norm = torch.sqrt(torch.sum(x * x))
+    positive = norm > 0
+    return norm, lambda ct: (ct * torch.where(positive, x / torch.where(positive, norm, 1.0), 0.0),)
+
+
+def selected_softplus(x):  # the rule's untaken branch, exp(x), overflows at x = 100 in float32
+    return (torch.nn.functional.softplus(x).sum(),
+            lambda ct: (ct * torch.where(x < -9.0, torch.exp(x), torch.sigmoid(x)),))
+
+
+def logsumexp(x):
+    y = torch.log(torch.sum(torch.exp(x)))
+    return y, lambda ct: (ct * torch.exp(x - y),)
+
+
+def cross_entropy(z):  # logits z[:3], targets z[3:]; d/dtargets = −log_softmax, whatever the targets sum to
+    log_p = torch.log_softmax(z[:3], 0)
+    return -(z[3:] * log_p).sum(), lambda ct: (torch.cat([ct * (log_p.exp() - z[3:]), -ct * log_p]),)
+
+
+def elementwise_softplus(x):  # a vector output: J·v is the embedded linear map, not vjp(1)
+    return (torch.nn.functional.softplus(x),
+            lambda ct: (ct * torch.where(x < -9.0, torch.exp(x), torch.sigmoid(x)),))
+
+
+def as_function(rule):
+    """The rule as an autograd.Function whose backward is the VJP: the anchor (double backward differentiates the
+    backward's ops, forward mode is absent)."""
+    class Rule(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return rule(x)[0]
+
+        @staticmethod
+        def backward(ctx, ct):
+            (x,) = ctx.saved_tensors
+            return rule(x)[1](ct)[0]
+
+    return Rule.apply
+
+
+def _backward(fn, x):
+    x = x.clone().requires_grad_(True)
+    fn(x).sum().backward()
+    return x.grad
+
+
+def _autograd_grad(fn, x):
+    return torch.autograd.grad(fn(x), x)[0]
+
+
+FIRST_DERIVATIVES = {  # of a function with a scalar value
+    "backward": _backward,
+    "autograd.grad": lambda fn, x: _autograd_grad(fn, x.clone().requires_grad_(True)),
+    "func.grad": lambda fn, x: torch.func.grad(fn)(x),
+    "func.jacrev": lambda fn, x: torch.func.jacrev(fn)(x),
+    "func.jacfwd": lambda fn, x: torch.func.jacfwd(fn)(x),
+    "func.vmap(grad)": lambda fn, x: torch.func.vmap(torch.func.grad(fn))(x[None])[0],
+    "grad under an outer jvp": lambda fn, x: torch.func.jvp(torch.func.grad(fn), (x,), (torch.ones_like(x),))[0],
+    "compiled backward": lambda fn, x: _backward(torch.compile(fn, fullgraph=True), x),
+    "compiled func.grad": lambda fn, x: torch.compile(torch.func.grad(fn), fullgraph=True)(x),
+}
+POINTS = {
+    "guarded norm at zero": (guarded_norm, [0.0, 0.0, 0.0]),
+    "guarded norm": (guarded_norm, [3.0, 4.0, 0.0]),
+    "selected softplus at 100": (selected_softplus, [100.0]),
+    "selected softplus at -20": (selected_softplus, [-20.0]),
+    "logsumexp with +inf": (logsumexp, [0.0, np.inf, 1.0]),
+}
+
+
+def bits(tensor):
+    return tensor.detach().numpy().view(np.uint32)
+
+
+@pytest.mark.parametrize("mode", FIRST_DERIVATIVES)
+@pytest.mark.parametrize("point", POINTS)
+def test_order_2_gives_order_1s_first_derivative_bit_for_bit(point, mode):
+    """Under an outer derivative order=1 raises (that is a second derivative), so there the first derivative is
+    compared with order=1's by the same transform alone; the rule by hand is the truth for all of them, sign of
+    zero included (order=1's identity gives −0.0 where the rule gives +0.0; order=2 gives the rule's, as the
+    Function's backward does)."""
+    rule, x = POINTS[point]
+    x = torch.tensor(x, dtype=torch.float32)
+    torch._dynamo.reset()
+    alone = "func.grad" if mode == "grad under an outer jvp" else mode
+    first = FIRST_DERIVATIVES[alone](sgm.custom_gradient(rule, order=1), x)
+    second = FIRST_DERIVATIVES[mode](sgm.custom_gradient(rule, order=2), x)
+    np.testing.assert_array_equal(second.detach().numpy(), first.detach().numpy())  # (−0.0 == +0.0, NaN == NaN)
+    if mode != "func.jacfwd":  # (forward mode's J·e_k meets a NaN of J at every element, at both orders)
+        declared = rule(x)[1](torch.ones(()))[0].numpy()
+        np.testing.assert_array_equal(second.detach().numpy(), declared)
+        np.testing.assert_array_equal(np.signbit(second.detach().numpy()) | np.isnan(declared),
+                                      np.signbit(declared) | np.isnan(declared))
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_the_first_derivative_is_the_functions_backward_bit_for_bit_but_nan_payloads(point):
+    rule, x = POINTS[point]
+    x = torch.tensor(x, dtype=torch.float32)
+    ours, theirs = _backward(sgm.custom_gradient(rule, order=2), x), _backward(as_function(rule), x)
+    np.testing.assert_array_equal(ours.isnan().numpy(), theirs.isnan().numpy())
+    np.testing.assert_array_equal(bits(ours)[~ours.isnan().numpy()], bits(theirs)[~theirs.isnan().numpy()])
+
+
+def test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows():
+    x = torch.tensor([100.0, -20.0, 0.0, 88.0])
+    want = torch.where(x < -9.0, torch.exp(x), torch.sigmoid(x))
+    for way in (lambda fn: _backward(fn, x), lambda fn: torch.func.jvp(fn, (x,), (torch.ones(4),))[1],
+                lambda fn: torch.func.jacfwd(fn)(x).diagonal(), lambda fn: torch.func.vmap(torch.func.grad(fn))(x)):
+        first, second = (way(sgm.custom_gradient(elementwise_softplus, order=order)) for order in (1, 2))
+        np.testing.assert_array_equal(second.numpy(), first.numpy())
+        np.testing.assert_array_equal(bits(second), bits(want))
+
+
+def _double_backward(fn, x):
+    """The Jacobian of fn's gradient by create_graph, row by row (row i: the derivative of gradient i)."""
+    x = x.clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(fn(x), x, create_graph=True)
+    return torch.stack([torch.autograd.grad(gradient[i], x, retain_graph=True)[0] for i in range(x.numel())])
+
+
+SECOND_DERIVATIVES = {  # each the Jacobian of the gradient, row i the derivative of gradient i
+    "create_graph": _double_backward,
+    "func.hessian": lambda fn, x: torch.func.hessian(fn)(x),
+    "func.jacfwd(grad)": lambda fn, x: torch.func.jacfwd(torch.func.grad(fn))(x),
+    "func.jacrev(grad)": lambda fn, x: torch.func.jacrev(torch.func.grad(fn))(x),
+    "func.jacrev(jacfwd)": lambda fn, x: torch.func.jacrev(torch.func.jacfwd(fn))(x),
+    "func.vmap(hessian)": lambda fn, x: torch.func.vmap(torch.func.hessian(fn))(x[None])[0],
+    "compiled func.hessian": lambda fn, x: torch.compile(torch.func.hessian(fn), fullgraph=True)(x),
+}
+
+
+def finite_differences_of(gradient, x, step=1e-6):
+    """The Jacobian of a declared gradient by central differences in float64, row i the derivative of entry i."""
+    columns = [(gradient(x + step * e) - gradient(x - step * e)) / (2 * step) for e in torch.eye(x.numel(),
+                                                                                               dtype=x.dtype)]
+    return torch.stack(columns, dim=-1)
+
+
+@pytest.mark.parametrize("way", SECOND_DERIVATIVES)
+def test_the_second_derivative_is_the_jacobian_of_the_declared_gradient_unsymmetrized(way):
+    """The Function's double backward and finite differences of the rule give the non-symmetric Jacobian; order=2
+    gives it in every way (it gave the average of it and its transpose)."""
+    z = torch.tensor([1.0, 2.0, 0.5, 0.2, 0.5, 0.3], dtype=torch.float64)
+    truth = finite_differences_of(lambda z: cross_entropy(z)[1](torch.ones((), dtype=z.dtype))[0], z)
+    anchor = _double_backward(as_function(cross_entropy), z)
+    torch.testing.assert_close(anchor, truth, rtol=0, atol=1e-8)
+    torch._dynamo.reset()
+    ours = SECOND_DERIVATIVES[way](sgm.custom_gradient(cross_entropy, order=2), z)
+    torch.testing.assert_close(ours, anchor, rtol=1e-12, atol=1e-14)
+    assert not torch.allclose(ours, ours.T, atol=0.1)
+
+
+@pytest.mark.parametrize("way", ["create_graph", "func.hessian", "func.jacrev(grad)"])
+def test_second_derivatives_of_the_guarded_rules_against_the_functions_double_backward(way):
+    """Reverse over reverse differentiates the rule as the Function's double backward does (at the zero vector the
+    guarded norm's rule has no derivative: NaN, from 0·∞ through the norm's sqrt); forward over reverse as
+    torch.func.jacfwd differentiates the rule (0 there: forward mode masks the branch not taken)."""
+    for rule, x in [(guarded_norm, [3.0, 4.0, 1.0]), (guarded_norm, [0.0, 0.0, 0.0]),
+                    (selected_softplus, [0.7]), (selected_softplus, [-30.0])]:
+        x = torch.tensor(x, dtype=torch.float64)
+        ours = SECOND_DERIVATIVES[way](sgm.custom_gradient(rule, order=2), x)
+        declared = lambda x, rule=rule: rule(x)[1](torch.ones((), dtype=x.dtype))[0]  # noqa: E731
+        truth = torch.func.jacfwd(declared)(x) if way == "func.hessian" else _double_backward(as_function(rule), x)
+        torch.testing.assert_close(ours, truth, rtol=1e-12, atol=1e-15, equal_nan=True)
+
+
+def test_the_second_derivative_of_a_vector_output_is_the_jacobian_of_its_declared_jacobian():
+    """y = x·flip(x) with the declared J = diag(flip(x)) (half of the product rule): the Hessian of w·y is
+    ∂(w ⊙ flip(x))/∂x, which is not symmetric for unequal weights; the Function's double backward gives it."""
+    def half_product(x):
+        return x * x.flip(0), lambda ct: (ct * x.flip(0),)
+
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    w = torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
+    truth = torch.tensor([[0.0, 0.0, 1.0], [0.0, 10.0, 0.0], [100.0, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(_double_backward(lambda x: (w * as_function(half_product)(x)).sum(), x), truth)
+    ours = sgm.custom_gradient(half_product, order=2)
+    for way in SECOND_DERIVATIVES:
+        torch._dynamo.reset()
+        torch.testing.assert_close(SECOND_DERIVATIVES[way](lambda x: (w * ours(x)).sum(), x), truth)
+
+
+def test_what_f_closes_over_gets_autodiff_with_the_arguments_held():
+    """The decided limit (issue 58): the derivative w.r.t. a tensor f closes over is autodiff of f at stop(x), so
+    its own derivative w.r.t. x is 0, while ∂/∂θ of the declared ∂/∂x is the rule's."""
+    x = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    theta = torch.tensor(1.3, dtype=torch.float64, requires_grad=True)
+    h = sgm.custom_gradient(lambda x: (theta * torch.sin(x), lambda ct: (ct * theta * torch.cos(x),)), order=2)
+    d_x, d_theta = torch.autograd.grad(h(x), (x, theta), create_graph=True)
+    assert float(d_theta) == pytest.approx(float(torch.sin(x)))
+    assert float(torch.autograd.grad(d_x, theta, retain_graph=True)[0]) == pytest.approx(float(torch.cos(x)))
+    assert d_theta.grad_fn is None  # the limit: sin(stop(x)), a constant to every later derivative
