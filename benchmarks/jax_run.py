@@ -1,7 +1,8 @@
 """python benchmarks/jax_run.py: the JAX rows of the speed suite, as ratios to jax.custom_jvp in one run.
 
 log1pexp under ``jit`` (value + gradient, JVP) and eagerly (value + gradient
-without ``jit``), for the identity form and the decorator against
+without ``jit``), for the identity form and the decorator (at ``order=1`` and
+``order=2``, whose J moves with x) against
 ``jax.custom_jvp`` (the anchor), ``jax.custom_vjp`` (no JVP) and plain
 autodiff of ``softplus`` (the floor). Each cell is timed in ``--blocks``
 blocks; within a block the implementations run round-robin (drift hits all
@@ -57,6 +58,7 @@ IMPLEMENTATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     ANCHOR: _log1pexp_jvp,
     "identity form": lambda x: sgm.custom_gradient(jnp.logaddexp(x, 0.0), jax.nn.sigmoid(x), x),
     "decorator": _log1pexp_decorated,
+    "decorator, order=2": sgm.custom_gradient(order=2)(_log1pexp_decorated.undecorated),
     "jax.custom_vjp": _log1pexp_vjp,
     "plain autodiff (floor)": jax.nn.softplus,
 }

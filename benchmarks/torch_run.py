@@ -93,6 +93,7 @@ IMPLEMENTATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     ANCHOR: _Log1pexp.apply,
     "identity form": _identity,
     "decorator form": _decorated,
+    "decorator form, order=2": sgm.custom_gradient(order=2)(_decorated.undecorated),  # J moves with x
     "plain autodiff (floor)": torch.nn.functional.softplus,
 }
 EXTRA: dict[str, dict[str, Callable[[torch.Tensor], torch.Tensor]]] = {NOTHING: {F_ALONE: _value}}

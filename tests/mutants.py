@@ -549,13 +549,61 @@ def _nothing_varies(original):
     return lambda aval: frozenset()
 
 
+def _second_order_part_in_jax_first_derivatives(original):
+    """JAX's order=2 J·v with the residuals' own tangent left in (issue 58): the term (∂J·dc)·v that ordinary ops
+    of J·v add, +0.0 in value and NaN where J's derivative is not finite, in every first derivative."""
+    def leaking(linear_map, consts, vs):
+        from stopgrad_math.jax import identity
+        leaked = linear_map(consts, [identity.stop(v) for v in vs])
+        zeros = original(linear_map, consts, vs)
+        return [z + identity.zero_with_derivative_of(p) for z, p in zip(zeros, leaked, strict=True)]
+    return leaking
+
+
+def _symmetrized_jax_hessian(original):
+    """JAX's order=2 term for a y of one element made symmetric (issue 58): half of g's tangent through dzero
+    and half through zero, so the Hessian is (∂g + ∂gᵀ)/2, the average the midpoint gave; first derivatives
+    unchanged where g's derivative is finite."""
+    def symmetrized(layout, fx, x, g, zero=None, mixed=True):
+        if mixed:
+            return original(layout, fx, x, g, zero, mixed)
+        from stopgrad_math.jax import identity
+        still = identity.stop(g)
+        return (original(layout, fx, x, (g + still) / 2, zero, mixed=False)
+                + original(layout, fx, x, (g - still) / 2, zero, mixed=True))
+    return symmetrized
+
+
+def _second_order_part_in_torch_first_derivatives(original):
+    """PyTorch's order=2 zero term with the dependence of J·v on what the VJP closes over left in (issue 58):
+    (∂J·dc)·v, +0.0 in value and NaN where J's derivative is not finite, in every first derivative."""
+    def leaking(maps, vs, constants):
+        from stopgrad_math.torch import identity
+        leaked = maps.transposed([v.detach() for v in vs], constants)
+        return [z + identity.zero_with_derivative_of(p, [], linked=False)
+                for z, p in zip(original(maps, vs, constants), leaked, strict=True)]
+    return leaking
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _FAST = "tests/test_torch_fast_path.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
 _EXISTING_TORCH = "tests/test_existing_code_torch.py"
 _EXISTING_JAX_CASES = "tests/test_jax_custom_vjp_cases.py"
 
+_ORDER_2_JAX = "tests/test_jax_order_2.py::"
+_ORDER_2_TORCH = "tests/test_torch_order_2.py::"
+
 MUTANTS = {
+    "JAX's order=2 lets the second-order part reach first derivatives": Mutant(
+        "stopgrad_math.jax.identity", "mapped_zero", _second_order_part_in_jax_first_derivatives,
+        (_ORDER_2_JAX + "test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows",)),
+    "JAX's order=2 symmetrizes the Hessian": Mutant(
+        "stopgrad_math.jax.identity", "zero_term", _symmetrized_jax_hessian,
+        (_ORDER_2_JAX + "test_the_second_derivative_is_the_jacobian_of_the_declared_gradient_unsymmetrized",)),
+    "PyTorch's order=2 lets the second-order part reach first derivatives": Mutant(
+        "stopgrad_math.torch.identity", "mapped_zero", _second_order_part_in_torch_first_derivatives,
+        (_ORDER_2_TORCH + "test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows",)),
     "the Function face says every argument needs its gradient": Mutant(
         "stopgrad_math.torch.function_face", "_needs_input_grad", _every_argument_needs_its_gradient,
         (f"{_EXISTING_TORCH}::test_needs_input_grad_is_true_exactly_where_the_callers_argument_requires_grad",)),
