@@ -211,3 +211,40 @@ def test_what_f_closes_over_gets_autodiff_with_the_arguments_held():
     assert float(d_theta) == pytest.approx(float(torch.sin(x)))
     assert float(torch.autograd.grad(d_x, theta, retain_graph=True)[0]) == pytest.approx(float(torch.cos(x)))
     assert d_theta.grad_fn is None  # the limit: sin(stop(x)), a constant to every later derivative
+
+
+def test_a_sampler_draws_once_at_order_2_as_its_function_does():
+    """order=2 runs f twice (the VJP's residuals at x, the value at stop(x)): a forward that samples drew twice,
+    so the value used one noise and the gradient another, without a word. The second call now replays the first's
+    random state: value, gradient and the generator's state after the call are those of the Function, which runs
+    forward once."""
+    def noisy(x):
+        noise = torch.randn_like(x)
+        return x + noise, lambda ct: (ct * noise,)
+
+    class Noisy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            noise = torch.randn_like(x)
+            ctx.save_for_backward(noise)
+            return x + noise
+
+        @staticmethod
+        def backward(ctx, ct):
+            return ct * ctx.saved_tensors[0]
+
+    runs = []
+    for fn in (Noisy.apply, sgm.custom_gradient(noisy, order=2)):
+        torch.manual_seed(0)
+        x = torch.zeros(5, requires_grad=True)
+        y = fn(x)
+        y.sum().backward()
+        runs.append((y.detach(), x.grad, torch.rand(3)))  # (what the generator draws next)
+    for theirs, ours in zip(*runs, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    torch.testing.assert_close(runs[1][0], runs[1][1])  # the value's noise is the gradient's
+    torch.manual_seed(0)
+    noise = torch.randn(5)
+    torch.manual_seed(0)
+    gradient = torch.func.grad(lambda x: sgm.custom_gradient(noisy, order=2)(x).sum())(torch.zeros(5))
+    torch.testing.assert_close(gradient, noise, rtol=0, atol=0)

@@ -728,13 +728,28 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
         return (*call_f(f, leaves.with_values(stopped), kwargs), None)
     moving = [leaves.values[k] for k in leaves.differentiable]
     watch = None
+    drawn = _random_states()
     if any(x.requires_grad for x in moving):
         watch = unrecorded.Watch(moving)
         with watch:
             vjp = call_f(f, leaves.with_values({}), kwargs)[1]
     else:
         vjp = call_f(f, leaves.with_values({}), kwargs)[1]
+    _random_states(drawn)  # the second call draws what the first drew: y and the VJP's residuals agree
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
+
+
+def _random_states(restored: Any = None) -> Any:
+    """The states of PyTorch's default generators (the CPU's, and each CUDA device's once CUDA is started), or,
+    given states, those set back. f runs twice at order 2: a sampler's value and the residuals its VJP reads
+    must be one draw, as where f runs once."""
+    if restored is not None:
+        cpu, cuda = restored
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        return None
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
 
 
 @dataclasses.dataclass(frozen=True)
