@@ -749,7 +749,7 @@ def _random_states(restored: Any = None) -> Any:
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
         return None
-    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
 
 
 @dataclasses.dataclass(frozen=True)
