@@ -1157,3 +1157,23 @@ def test_eagerly_a_call_that_no_tape_or_accumulator_watches_calls_no_grad_fn():
         tape.watch([x, other])
         y = doubled(x)
     np.testing.assert_array_equal(tape.gradient(y, x), [3.0, 3.0])
+
+
+def test_a_grad_fn_that_clips_runs_eagerly_where_nothing_watches_and_is_refused_where_traced():
+    """Issue 58: eagerly with no tape, grad_fn is neither called nor judged (tf.custom_gradient's value alone); a
+    tape gets the refusal naming the op; a graph cannot tell whether a later tape will differentiate it, so the
+    call is refused as it is traced (the documented limit, against JAX, which judges where a derivative is
+    asked)."""
+    @custom_gradient
+    def clip_gradient(x):
+        return tf.identity(x), lambda ct: tf.clip_by_value(ct, -0.5, 0.5)
+
+    x = tf.constant([1.0, 2.0])
+    np.testing.assert_array_equal(clip_gradient(x), x)
+    np.testing.assert_array_equal(tf.custom_gradient(clip_gradient.undecorated)(x), x)
+    with pytest.raises(ValueError, match="Maximum|Minimum|clip"):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            clip_gradient(x)
+    with pytest.raises(ValueError, match="Maximum|Minimum|clip"):
+        tf.function(clip_gradient)(x)
