@@ -54,12 +54,17 @@ def _log1pexp_decorated(x):
     return jnp.logaddexp(x, 0.0), lambda ct: ct * jax.nn.sigmoid(x)
 
 
+_log1pexp_face = sgm.custom_vjp(lambda x: jnp.logaddexp(x, 0.0))  # jax.custom_vjp's fwd and bwd, on the decorator
+_log1pexp_face.defvjp(lambda x: (jnp.logaddexp(x, 0.0), x), lambda x, ct: (ct * jax.nn.sigmoid(x),))
+
+
 IMPLEMENTATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     ANCHOR: _log1pexp_jvp,
     "identity form": lambda x: sgm.custom_gradient(jnp.logaddexp(x, 0.0), jax.nn.sigmoid(x), x),
     "decorator": _log1pexp_decorated,
     "decorator, order=2": sgm.custom_gradient(order=2)(_log1pexp_decorated.undecorated),
     "jax.custom_vjp": _log1pexp_vjp,
+    "stopgrad_math.jax.custom_vjp": _log1pexp_face,
     "plain autodiff (floor)": jax.nn.softplus,
 }
 NO_JVP = {"jax.custom_vjp"}  # jax.custom_vjp cannot be used in forward mode

@@ -80,6 +80,18 @@ class _Log1pexpNoJvp(torch.autograd.Function):
     backward = staticmethod(_backward)
 
 
+class _Log1pexpFace(sgm.Function):
+    """The compiled anchor's class with its base changed to stopgrad_math.torch.Function (issue 55): the same
+    forward and backward, and no jvp to write."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def, override]
+        ctx.save_for_backward(x)
+        return _value(x)
+
+    backward = staticmethod(_backward)
+
+
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return sgm.custom_gradient(_value(x), torch.sigmoid(x), x)  # type: ignore[return-value]
 
@@ -94,6 +106,7 @@ IMPLEMENTATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "identity form": _identity,
     "decorator form": _decorated,
     "decorator form, order=2": sgm.custom_gradient(order=2)(_decorated.undecorated),  # J moves with x
+    "stopgrad_math.torch.Function": _Log1pexpFace.apply,
     "plain autodiff (floor)": torch.nn.functional.softplus,
 }
 EXTRA: dict[str, dict[str, Callable[[torch.Tensor], torch.Tensor]]] = {NOTHING: {F_ALONE: _value}}
