@@ -506,10 +506,10 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
         args, kwargs = pytree.tree_unflatten([given.get(k, v) for k, v in enumerate(flat)], structure)
         roots = list(values[count:]) if order == 2 else None  # (its argument tensors)
         # f in grad mode, as a call runs it (the trace runs as a backward does, without): at order 2 the watch
-        # then finds only what f itself computes with grad mode off
+        # then finds only what f itself computes with grad mode off. A decorated call in f gives its value alone:
+        # only the VJP's ops are judged.
         with nesting.evaluating(1), unrecorded.watching(roots) as watch, torch.set_grad_enabled(order == 2):
-            y, vjp = call_f(f, args, kwargs)  # a decorated call in f gives its value alone: only the VJP's ops are
-            # judged
+            y, vjp = call_f(f, args, kwargs)
         vjps.append(vjp)
         lifted = vjp_closure.lifted(vjp)
         unrecorded.check(watch, [] if lifted is None else lifted.tensors, name_of(f))
@@ -781,17 +781,15 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
     """y with each differentiable output's zero term attached; ``linear``: the proven VJP, from the cotangents of
     y's differentiable leaves to those of ``xs``; ``transposed``: its transpose J·v where it is at hand (else the
     pullback of torch.func.vjp of ``linear``)."""
-    if order == 2 and isinstance(linear, _Registered):  # compiled
+    if order == 2 and isinstance(linear, (_Registered, linear_ops.LinearMap)):  # (compiled: _Registered)
         vs = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
-        zeros = list(_run_mapped_zero(linear.key, len(vs), *vs, *linear.given))
-        return outputs.with_values({k: identity.attach(outputs.values[k], [z])
-                                    for k, z in zip(outputs.differentiable, zeros, strict=True)})
-    if order == 2 and isinstance(linear, linear_ops.LinearMap):
-        ys = outputs.tensors()
-        maps = _Maps(linear, transposed if isinstance(transposed, _Transpose) else None,
-                     [(y.shape, y.dtype) for y in ys], ys, name)
-        zeros = identity.mapped_zero(maps, [identity.zero_with_slope(x, slope_is_negative=True) for x in xs],
-                                     linear.constants)
+        if isinstance(linear, _Registered):
+            zeros = list(_run_mapped_zero(linear.key, len(vs), *vs, *linear.given))
+        else:
+            ys = outputs.tensors()
+            maps = _Maps(linear, transposed if isinstance(transposed, _Transpose) else None,
+                         [(y.shape, y.dtype) for y in ys], ys, name)
+            zeros = identity.mapped_zero(maps, vs, linear.constants)
         return outputs.with_values({k: identity.attach(outputs.values[k], [z])
                                     for k, z in zip(outputs.differentiable, zeros, strict=True)})
     if _one_element(outputs, xs):  # the identity form, with the Jacobian's one row vjp(1)
