@@ -585,6 +585,26 @@ def _second_order_part_in_torch_first_derivatives(original):
     return leaking
 
 
+def _second_order_part_in_tensorflow_first_derivatives(original):
+    """TensorFlow's order=2 term built as order 1 builds it, on what f computed from x (issue 58): J·v with J's
+    own dependence on x left in, +0.0 in value and NaN where J's derivative is not finite, in every first
+    derivative."""
+    return lambda plan, order_1_terms: plan.with_terms(order_1_terms(None))
+
+
+def _symmetrized_tensorflow_hessian(original):
+    """TensorFlow's order=2 as it was (issue 58): grad_fn evaluated at the midpoint stop(x) + (x − stop(x))/2,
+    moving at half speed, and its J·v attached, whose second derivative is (∂g + ∂gᵀ)/2."""
+    def midpoint(plan, order_1_terms):
+        from stopgrad_math.tensorflow import evaluation, identity
+        components = plan.arguments.components
+        at = {i: components[i].stopped + identity.zero_with_slope(components[i].tensor, False) / 2
+              for i in plan.arguments.differentiable}
+        plan.grad_fn = evaluation.call_f(plan.f, tuple(plan.arguments.with_tensors(at)), {})[1]
+        return plan.with_terms(order_1_terms(None))
+    return midpoint
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _FAST = "tests/test_torch_fast_path.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
@@ -593,6 +613,7 @@ _EXISTING_JAX_CASES = "tests/test_jax_custom_vjp_cases.py"
 
 _ORDER_2_JAX = "tests/test_jax_order_2.py::"
 _ORDER_2_TORCH = "tests/test_torch_order_2.py::"
+_ORDER_2_TF = "tests/test_order_2.py::"
 
 MUTANTS = {
     "JAX's order=2 lets the second-order part reach first derivatives": Mutant(
@@ -604,6 +625,12 @@ MUTANTS = {
     "PyTorch's order=2 lets the second-order part reach first derivatives": Mutant(
         "stopgrad_math.torch.identity", "mapped_zero", _second_order_part_in_torch_first_derivatives,
         (_ORDER_2_TORCH + "test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows",)),
+    "TensorFlow's order=2 lets the second-order part reach first derivatives": Mutant(
+        "stopgrad_math.tensorflow.recorded_term", "attached", _second_order_part_in_tensorflow_first_derivatives,
+        (_ORDER_2_TF + "test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows",)),
+    "TensorFlow's order=2 symmetrizes the Hessian": Mutant(
+        "stopgrad_math.tensorflow.recorded_term", "attached", _symmetrized_tensorflow_hessian,
+        (_ORDER_2_TF + "test_the_second_derivative_is_the_jacobian_of_the_declared_gradient_unsymmetrized",)),
     "the Function face says every argument needs its gradient": Mutant(
         "stopgrad_math.torch.function_face", "_needs_input_grad", _every_argument_needs_its_gradient,
         (f"{_EXISTING_TORCH}::test_needs_input_grad_is_true_exactly_where_the_callers_argument_requires_grad",)),

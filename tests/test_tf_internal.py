@@ -36,6 +36,32 @@ def test_recording_is_seen_and_can_be_paused():
     assert float(tape.gradient(recorded, x)) == 3.0 and tape.gradient(unrecorded, x) is None
 
 
+def test_a_recorded_op_takes_its_backward_and_its_forward_function_and_the_caller_is_paused_inside():
+    """What ``recorded_term`` relies on: a tape takes the backward, an accumulator the forward function (given
+    the input tangents), an outer tape records what the forward function computes, and a tape made inside it
+    records nothing (which is why the order-2 probe is made before)."""
+    x = tf.constant([1.0, 2.0])
+    made_inside = []
+
+    def forward(tangent):
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            made_inside.append(inner.gradient(x * 2.0, x))
+        return [tangent * x]
+
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        with tf.autodiff.ForwardAccumulator(x, tf.constant([1.0, 1.0])) as accumulator:
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                z = tf.zeros([2])
+                _tf_internal.record_operation("test", [z], [x], lambda upstream: [upstream * 3.0], forward)
+            assert tape.gradient(z, x).numpy().tolist() == [3.0, 3.0]
+        tangent = accumulator.jvp(z)
+    assert tangent.numpy().tolist() == [1.0, 2.0] and made_inside == [None]
+    assert outer.gradient(tangent, x).numpy().tolist() == [1.0, 1.0]
+
+
 def test_shape_tuple_is_the_static_shape():
     seen = {}
 

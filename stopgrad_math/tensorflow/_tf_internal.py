@@ -38,6 +38,11 @@ stop_recording = _record.stop_recording
 """Pauses every tape and accumulator on the thread. ``GradientTape.stop_recording`` pauses one tape, which the
 library does not hold; ``tf.stop_gradient`` pauses them all this way, one op at a time."""
 
+record_operation = _record.record_operation
+"""Records an op on every active tape and accumulator with a backward and a forward function of the library's
+own: tf.custom_gradient does this with a backward alone (an accumulator then differentiates f's ops), and no
+public API takes a forward function. The ``order=2`` term (``recorded_term``) needs both."""
+
 should_record_backprop = _record.should_record_backprop
 """Whether an active tape records ops on these tensors: the decorator's test of whether grad_fn's result depends
 on the upstream at all (``tape.gradient`` would answer only after computing it)."""

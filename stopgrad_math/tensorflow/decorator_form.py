@@ -52,6 +52,7 @@ from stopgrad_math.tensorflow import (
     gradient_layout,
     identity,
     nested_calls,
+    recorded_term,
     routes,
     second_derivative_guard,
     transposition,
@@ -63,7 +64,30 @@ from stopgrad_math.tensorflow.grad_fn_conventions import Gradient
 # ---------------------------------------------------------------- 3. terms: the zero term of each route
 
 
-def _one_element_terms(plan: Plan, probe: Probe | None) -> dict[int, list[tf.Tensor]]:
+@dataclasses.dataclass(frozen=True)
+class _Along:
+    """What a route's terms are built along: the identity's zero v = stop(x) − x of each argument (the terms
+    are +0.0, derivative J), or, at ``order=2``, given tangents ẋ by component name (the terms are −J·ẋ, the
+    order-1 terms' tangent at v̇ = −ẋ, which ``recorded_term``'s forward function returns)."""
+
+    tangents: dict[str, tf.Tensor] | None = None
+
+    def vector(self, gradient: Gradient) -> tf.Tensor:
+        """v, or −ẋ, where the gradient applies: the component, or its gathered rows."""
+        if self.tangents is None:
+            return gradient.zero()
+        tangent = -self.tangents[gradient.name]
+        return tangent if gradient.indices is None else tf.gather(tangent, gradient.indices)
+
+    def carried(self, product: tf.Tensor) -> tf.Tensor:
+        """J·v as a term: +0.0 in value with J·v's derivative; J·ẋ itself, a tangent."""
+        return identity.zero_with_derivative_of(product) if self.tangents is None else product
+
+
+_ZEROS = _Along()
+
+
+def _one_element_terms(plan: Plan, probe: Probe | None, along: _Along = _ZEROS) -> dict[int, list[tf.Tensor]]:
     """y of one element: its derivative is grad_fn(1), embedded as the identity form does (no transpose)."""
     index = plan.outputs.differentiable[0]
     y = plan.outputs.components[index].tensor
@@ -71,10 +95,10 @@ def _one_element_terms(plan: Plan, probe: Probe | None) -> dict[int, list[tf.Ten
     if plan.order == 1:
         gradients = _stopped_values(gradients)
     # grad_fn(1) is conj(J) for a complex y, TensorFlow's convention.
-    return {index: _scalar_terms(gradients, y.dtype, y.shape, conjugate=identity.is_complex(y.dtype))}
+    return {index: _scalar_terms(gradients, y.dtype, along, y.shape, conjugate=identity.is_complex(y.dtype))}
 
 
-def _transpose_terms(plan: Plan, probe: Probe | None) -> dict[int, list[tf.Tensor]]:
+def _transpose_terms(plan: Plan, probe: Probe | None, along: _Along = _ZEROS) -> dict[int, list[tf.Tensor]]:
     """The zero term of each output component: J·v, the derivative of ⟨grad_fn(d), v⟩ w.r.t. d at d = 0.
 
     A result that no tape reaches from the upstream was proven zero by the
@@ -83,14 +107,14 @@ def _transpose_terms(plan: Plan, probe: Probe | None) -> dict[int, list[tf.Tenso
     """
     probe = probe or evaluation.probe(plan, persistent=False)
     connected = probe.connected
-    vectors = [tf.cast(g.zero(), g.values.dtype) for g in connected]
+    vectors = [tf.cast(along.vector(g), g.values.dtype) for g in connected]
     products = probe.transposed(connected, vectors)
     zero = [Gradient(g.component, tf.zeros_like(identity.stop(g.values)), g.indices)
             for g, r in zip(probe.gradients, probe.reached, strict=True) if not r]
     terms: dict[int, list[tf.Tensor]] = {}
     for i, product in zip(probe.upstreams, products, strict=True):
-        terms[i] = [] if product is None else [identity.zero_with_derivative_of(product)]
-        terms[i] += _scalar_terms(zero, plan.outputs.components[i].tensor.dtype)
+        terms[i] = [] if product is None else [along.carried(product)]
+        terms[i] += _scalar_terms(zero, plan.outputs.components[i].tensor.dtype, along)
     return terms
 
 
@@ -107,12 +131,12 @@ def _stopped_values(gradients: list[Gradient]) -> list[Gradient]:
 _SCALAR = tf.TensorShape([])
 
 
-def _scalar_terms(gradients: list[Gradient], dtype: tf.DType, shape: tf.TensorShape = _SCALAR,
+def _scalar_terms(gradients: list[Gradient], dtype: tf.DType, along: _Along, shape: tf.TensorShape = _SCALAR,
                   conjugate: bool = False) -> list[tf.Tensor]:
     """Σ multiply_no_nan(g, v) in ``dtype``, of one element in ``shape``: the identity form's terms for a y of
     one element (of that shape), or terms that broadcast to any y."""
-    return [_summed_to(identity.times_zero(tf.math.conj(g.values) if conjugate else g.values, g.zero(), dtype), shape)
-            for g in gradients]
+    return [_summed_to(identity.times_zero(tf.math.conj(g.values) if conjugate else g.values, along.vector(g), dtype),
+                       shape) for g in gradients]
 
 
 def _summed_to(product: tf.Tensor, shape: tf.TensorShape) -> tf.Tensor:
@@ -123,7 +147,7 @@ def _summed_to(product: tf.Tensor, shape: tf.TensorShape) -> tf.Tensor:
     return tf.reshape(total, shape) if shape.rank else total
 
 
-def _unit_upstream_terms(plan: Plan, probe: Probe | None) -> dict[int, list[tf.Tensor]]:
+def _unit_upstream_terms(plan: Plan, probe: Probe | None, along: _Along = _ZEROS) -> dict[int, list[tf.Tensor]]:
     """J built row by row from grad_fn on unit upstreams (no transpose), embedded as the identity form embeds
     a full Jacobian: term = Σ_j J[k, j]·v[j] for each output element k."""
     terms: dict[int, list[tf.Tensor]] = {}
@@ -140,11 +164,12 @@ def _unit_upstream_terms(plan: Plan, probe: Probe | None) -> dict[int, list[tf.T
                     raise ValueError(transposition.OPAQUE_MESSAGE.format(reason=reason))
                 leaves[g.name] = g
                 rows.setdefault(g.name, [None] * size)[k] = g.values
-        terms[i] = [_jacobian_term(plan, leaves[name], columns, y) for name, columns in rows.items()]
+        terms[i] = [_jacobian_term(plan, leaves[name], columns, y, along) for name, columns in rows.items()]
     return terms
 
 
-def _jacobian_term(plan: Plan, gradient: Gradient, rows: list[tf.Tensor | None], y: tf.Tensor) -> tf.Tensor:
+def _jacobian_term(plan: Plan, gradient: Gradient, rows: list[tf.Tensor | None], y: tf.Tensor,
+                   along: _Along) -> tf.Tensor:
     """Σ_j J[k, j]·v[j] in y's shape, J[k] = conj(row k) (TensorFlow's convention for a complex y): the identity
     form's term for a full Jacobian."""
     component = gradient.component
@@ -154,6 +179,9 @@ def _jacobian_term(plan: Plan, gradient: Gradient, rows: list[tf.Tensor | None],
     if plan.order == 1:
         jacobian = identity.stop(jacobian)
     jacobian = tf.reshape(jacobian, tf.concat([tf.shape(y), tf.shape(component.tensor)], 0))  # rows may be unshaped
+    if along.tangents is not None:
+        product = identity.times_zero(jacobian, along.vector(gradient), y.dtype)
+        return gradient_layout.contracted(gradient_layout.Layout.JACOBIAN, product, y, component.tensor)
     return gradient_layout.zero_term(gradient.name, _FULL_JACOBIAN, y, component.tensor, jacobian, component.stopped)
 
 
@@ -180,8 +208,12 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     probe = None if tf.executing_eagerly() else evaluation.probe(plan, persistent=True,
                                                                  watch=not routes.one_element(plan))
     route = routes.route(plan, probe, kwargs, require_proof)
+    if order == 2:
+        if probe is None and route is transposition.Route.TRANSPOSE:  # a tape made inside the forward function
+            probe = evaluation.probe(plan, persistent=True)          # would record nothing: made now, and kept
+        return recorded_term.attached(plan, lambda tangents: _TERMS[route](plan, probe, _Along(tangents)))
     terms = _TERMS[route](plan, probe)
-    if order == 1 and nested_calls.current() is None:
+    if nested_calls.current() is None:
         _guard_second_derivatives(plan, terms)
     return plan.with_terms(terms)
 

@@ -1,8 +1,8 @@
 """The decorator's first stage: f evaluated on stopped arguments, and grad_fn on zero upstreams.
 
 ``evaluate`` calls ``f(*args, **kwargs)`` once, with every differentiable
-argument stopped (at ``order=2``, at the midpoint ``stop(x) + (x −
-stop(x))/2``, equal to x bit for bit and moving at half speed), and keeps
+argument stopped (at ``order=2`` on the arguments themselves, for grad_fn to
+read what f computed from x; ``recorded_term``), and keeps
 what the later stages need in a ``Plan``: y and its components, grad_fn, the
 arguments and the variables f reads. Keyword arguments are constants, held
 so that a derivative w.r.t. one raises, naming it. ``probe`` calls grad_fn on
@@ -112,22 +112,21 @@ def outputs_of(y: Any) -> Flattened:
 
 
 def evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int) -> Plan:
-    """f called on its stopped arguments (at ``order=2`` on the midpoint), and what it returned."""
+    """f called on its stopped arguments (at ``order=2`` on the arguments themselves), and what it returned."""
     args, kwargs = arguments_of.positional(f, args, kwargs)
     arguments = Flattened.of(list(args), "args")
     kwargs = _constants(f, kwargs)
-    stopped = {i: arguments.components[i].stopped for i in arguments.differentiable}
-    at = dict(zip(stopped, identity.unreachable(list(stopped.values())), strict=True)) if order == 1 else stopped
-    if order == 2:
-        # The midpoint stop(x) + u/2 equals x bit for bit (−0.0 too) and moves
-        # at half speed, which makes J·v exact to second order.
-        components = arguments.components
-        at = {i: t + identity.zero_with_slope(components[i].tensor, False, t) / 2 for i, t in at.items()}
+    if order == 1:
+        stopped = {i: arguments.components[i].stopped for i in arguments.differentiable}
+        at = dict(zip(stopped, identity.unreachable(list(stopped.values())), strict=True))
+    else:  # grad_fn reads what f computed from x, for its own derivative (``recorded_term``)
+        at = {i: arguments.components[i].tensor for i in arguments.differentiable}
     with _tf_internal.VariableWatcher() as watcher:
         y, grad_fn = call_f(f, tuple(arguments.with_tensors(at)), kwargs)
     watched = watcher.watched_variables()
     outputs = outputs_of(y)
-    if order == 2:  # f ran at the midpoint; its value must not move with it, but must with variables it reads
+    if order == 2:  # y moves with x through f's ops: stopped, and called again where it moves with variables
+        stopped = {i: arguments.components[i].stopped for i in arguments.differentiable}
         y = _stopped(outputs) if not watched else call_f(f, tuple(arguments.with_tensors(stopped)), kwargs)[0]
         outputs = outputs_of(y)
     variables = []

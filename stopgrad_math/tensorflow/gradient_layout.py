@@ -18,10 +18,10 @@ import tensorflow as tf
 from stopgrad_math.shared.layouts import MUST_BE, Choice, Layout, candidates
 from stopgrad_math.tensorflow import identity, shape_checks
 
-__all__ = ["Choice", "Layout", "candidates", "zero_term"]
+__all__ = ["Choice", "Layout", "candidates", "contracted", "zero_term"]
 
 
-def _contract(layout: Layout, zero_term: tf.Tensor, fx: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
+def contracted(layout: Layout, zero_term: tf.Tensor, fx: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
     """Reduces an elementwise zero term (gx times the zero of x) to fx's layout."""
     if layout is Layout.ELEMENTWISE:
         return zero_term
@@ -47,7 +47,7 @@ def zero_term(name: str, choice: Choice, fx: tf.Tensor, x: tf.Tensor, gx: tf.Ten
     already in fx's dtype and stopped as the caller wants; ``x_stopped`` is stop(x).
     """
     if choice.static:
-        return _contract(choice.layouts[0], identity.negative_zero_term(gx, x, fx.dtype, x_stopped), fx, x)
+        return contracted(choice.layouts[0], identity.negative_zero_term(gx, x, fx.dtype, x_stopped), fx, x)
     return _RunTime(name, choice.layouts, fx, x, gx, x_stopped).term()
 
 
