@@ -605,6 +605,28 @@ def _symmetrized_tensorflow_hessian(original):
     return midpoint
 
 
+def _weights_taken_for_arguments(original):
+    """PyTorch's order=2 takes f's value from its call at x even where f read a weight (issue 55): the weight's
+    autodiff through y is lost without a word."""
+    class Blind(original):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            result = super().__torch_function__(func, types, args, kwargs)
+            self.reads_outside = False
+            return result
+    return Blind
+
+
+def _f_always_run_twice(original):
+    """PyTorch's order=2 runs f twice as it did (issue 55): a forward's update of a running statistic is applied
+    twice."""
+    class Suspicious(original):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            result = super().__torch_function__(func, types, args, kwargs)
+            self.reads_outside = True
+            return result
+    return Suspicious
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _FAST = "tests/test_torch_fast_path.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
@@ -631,6 +653,13 @@ MUTANTS = {
     "TensorFlow's order=2 symmetrizes the Hessian": Mutant(
         "stopgrad_math.tensorflow.recorded_term", "attached", _symmetrized_tensorflow_hessian,
         (_ORDER_2_TF + "test_the_second_derivative_is_the_jacobian_of_the_declared_gradient_unsymmetrized",)),
+    "PyTorch's order=2 takes y from the call at x where f read a weight": Mutant(
+        "stopgrad_math.torch.unrecorded", "Watch", _weights_taken_for_arguments,
+        (_ORDER_2_TORCH + "test_f_runs_once_at_order_2_unless_it_reads_a_tensor_that_requires_grad_from_elsewhere",
+         _ORDER_2_TORCH + "test_a_closed_over_tensor_with_a_tangent_keeps_it_at_order_2")),
+    "PyTorch's order=2 runs f twice": Mutant(
+        "stopgrad_math.torch.unrecorded", "Watch", _f_always_run_twice,
+        (_ORDER_2_TORCH + "test_a_forward_that_updates_a_running_statistic_updates_it_once_at_order_2",)),
     "the Function face says every argument needs its gradient": Mutant(
         "stopgrad_math.torch.function_face", "_needs_input_grad", _every_argument_needs_its_gradient,
         (f"{_EXISTING_TORCH}::test_needs_input_grad_is_true_exactly_where_the_callers_argument_requires_grad",)),

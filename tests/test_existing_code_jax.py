@@ -40,13 +40,14 @@ def test_every_first_order_mode_gives_the_bwds_derivative_eagerly_under_jit_and_
     np.testing.assert_array_equal(jax.vmap(jax.grad(ours))(XS), jax.vmap(jax.grad(theirs))(XS))
 
 
-def test_a_hessian_raises_at_order_1_naming_order_2_and_is_exact_at_order_2():
-    """σ′(x) = σ(x)(1 − σ(x)): the derivative of the bwd, as jax.custom_vjp's grad of grad gives it."""
+def test_a_hessian_is_exact_by_default_and_raises_at_order_1_naming_order_2():
+    """σ′(x) = σ(x)(1 − σ(x)): the derivative of the bwd, as jax.custom_vjp's grad of grad gives it (issue 55: the
+    class defaults to order=2, as jax.custom_vjp is differentiable twice)."""
     with pytest.raises(LookupError, match=r"order=2"):
-        jax.hessian(_log1pexp(sgm.custom_vjp))(0.5)
+        jax.hessian(_log1pexp(sgm.custom_vjp, order=1))(0.5)
     sigmoid = jax.nn.sigmoid(XS)
     want = np.asarray(sigmoid * (1 - sigmoid))
-    ours, theirs = _log1pexp(sgm.custom_vjp, order=2), _log1pexp(jax.custom_vjp)
+    ours, theirs = _log1pexp(sgm.custom_vjp), _log1pexp(jax.custom_vjp)
     np.testing.assert_allclose(jax.vmap(jax.hessian(ours))(XS), want, rtol=1e-6)
     np.testing.assert_allclose(jax.vmap(jax.grad(jax.grad(theirs)))(XS), want, rtol=1e-6)
     np.testing.assert_allclose(jax.jit(jax.vmap(jax.jacfwd(jax.grad(ours))))(XS), want, rtol=1e-6)

@@ -184,6 +184,27 @@ def test_a_once_differentiable_backward_gives_first_derivatives_in_every_mode_an
             grad.sum().backward()
 
 
+def test_a_subclass_gives_the_double_backward_by_default_and_runs_forward_once():
+    """Issue 55: second derivatives as PyTorch gives them, by default (the class's order is 2), with forward run
+    once per call, as the Function runs it (a forward that counts its calls)."""
+    calls = []
+
+    class CountedExp(sgm.Function):  # Exp2's body, on the library's class with no order given
+        @staticmethod
+        def forward(ctx, x):
+            calls.append(1)
+            return Exp2.forward(ctx, x)
+
+        backward = staticmethod(Exp2.backward)
+
+    x = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(CountedExp.apply(x).sum(), x, create_graph=True)
+    assert len(calls) == 1
+    torch.testing.assert_close(torch.autograd.grad(grad.sum(), x)[0], x.detach().exp(), rtol=1e-15, atol=0)
+    hessian = torch.func.hessian(lambda x: CountedExp.apply(x).sum())(x.detach())
+    torch.testing.assert_close(hessian, torch.diag(x.detach().exp()), rtol=1e-15, atol=0)
+
+
 def test_order_2_gives_the_functions_double_backward_where_its_backward_is_differentiable():
     """d²/dx² of exp through its backward dy·y: PyTorch's double backward and the port at order=2 give exp(x)."""
     ours = ported(Exp2, order=2)

@@ -248,3 +248,78 @@ def test_a_sampler_draws_once_at_order_2_as_its_function_does():
     torch.manual_seed(0)
     gradient = torch.func.grad(lambda x: sgm.custom_gradient(noisy, order=2)(x).sum())(torch.zeros(5))
     torch.testing.assert_close(gradient, noise, rtol=0, atol=0)
+
+
+def test_f_runs_once_at_order_2_unless_it_reads_a_tensor_that_requires_grad_from_elsewhere():
+    """order=2 ran f twice eagerly (the VJP's residuals at x, the value at stop(x)): a forward that updates state
+    (running statistics) updated it twice. f now runs once where it reads nothing else that requires grad, in
+    every mode; where it reads a weight it runs again at stop(x), so that the weight keeps its autodiff."""
+    calls = []
+
+    def counted(x):
+        calls.append(1)
+        return x.sin().sum(), lambda ct: (ct * x.cos(),)
+
+    ours = sgm.custom_gradient(counted, order=2)
+    x = torch.tensor([0.3, 0.5], dtype=torch.float64)
+    for way in (lambda: ours(x.clone().requires_grad_(True)).backward(), lambda: _double_backward(ours, x),
+                lambda: torch.func.grad(ours)(x), lambda: torch.func.hessian(ours)(x),
+                lambda: torch.func.vmap(torch.func.grad(ours))(x[None]), lambda: ours(x),
+                lambda: _dual_tangent(ours, x, torch.ones_like(x)), lambda: torch.func.jvp(ours, (x,), (x,)),
+                lambda: torch.func.jacfwd(ours)(x)):
+        calls.clear()
+        way()
+        assert len(calls) == 1
+    weight = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+
+    def weighted(x):
+        calls.append(1)
+        return (weight * x.sin()).sum(), lambda ct: (ct * weight * x.cos(),)
+
+    calls.clear()
+    sgm.custom_gradient(weighted, order=2)(x.clone().requires_grad_(True)).backward()
+    assert len(calls) == 2
+    torch.testing.assert_close(weight.grad, x.sin().sum())
+
+
+def _dual_tangent(fn, x, tangent):
+    import torch.autograd.forward_ad as forward_ad
+
+    with forward_ad.dual_level():
+        return forward_ad.unpack_dual(fn(forward_ad.make_dual(x, tangent))).tangent
+
+
+def test_a_closed_over_tensor_with_a_tangent_keeps_it_at_order_2():
+    """f reads θ, which carries a forward-mode tangent (or is a torch.func jvp's primal): y must keep θ's tangent,
+    so f runs again at stop(x); the JVP is θ̇·Σ sin x + θ·Σ cos x·ẋ."""
+    import torch.autograd.forward_ad as forward_ad
+
+    x = torch.tensor([0.3, 0.5], dtype=torch.float64)
+    theta = torch.tensor(1.5, dtype=torch.float64)
+    want = float(0.25 * x.sin().sum() + 1.5 * x.cos().sum())
+    with forward_ad.dual_level():
+        moving_theta = forward_ad.make_dual(theta, torch.tensor(0.25, dtype=torch.float64))
+        closing = sgm.custom_gradient(lambda x: ((moving_theta * x.sin()).sum(),
+                                                 lambda ct: (ct * moving_theta * x.cos(),)), order=2)
+        got = forward_ad.unpack_dual(closing(forward_ad.make_dual(x, torch.ones_like(x)))).tangent
+    assert float(got) == pytest.approx(want, rel=1e-14)
+
+    def of_both(x, theta):
+        return sgm.custom_gradient(lambda x: ((theta * x.sin()).sum(), lambda ct: (ct * theta * x.cos(),)),
+                                   order=2)(x)
+
+    _, tangent = torch.func.jvp(of_both, (x, theta), (torch.ones_like(x), torch.tensor(0.25, dtype=torch.float64)))
+    assert float(tangent) == pytest.approx(want, rel=1e-14)
+
+
+def test_a_forward_that_updates_a_running_statistic_updates_it_once_at_order_2():
+    running = torch.zeros(2)
+
+    def tracked(x):
+        running.mul_(0.9).add_(0.1 * x.detach())
+        return x * 3.0, lambda ct: (ct * 3.0,)
+
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    sgm.custom_gradient(tracked, order=2)(x).sum().backward()
+    torch.testing.assert_close(running, torch.tensor([0.1, 0.2]))
+    torch.testing.assert_close(x.grad, torch.tensor([3.0, 3.0]))

@@ -30,7 +30,8 @@ FORWARD_MODE = "can't apply forward-mode autodiff (jvp) to a custom_vjp function
 class custom_vjp:
     """``jax.custom_vjp`` whose ``bwd`` also gives forward mode: ``jvp``, ``jacfwd``, ``linearize``, ``hessian``.
 
-    ``order``: 1 (a second derivative raises) or 2 (exact second derivatives, as ``custom_gradient``'s ``order``).
+    ``order``: 2, the default (exact second derivatives, as ``jax.custom_vjp``'s grad of grad), or 1 (a second
+    derivative raises, as ``custom_gradient``'s ``order``).
     The differences from ``jax.custom_vjp`` are listed in docs/existing_code.md.
 
     >>> @custom_vjp
@@ -42,7 +43,7 @@ class custom_vjp:
     """
 
     def __init__(self, fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
-                 nondiff_argnames: Sequence[str] = (), order: int = 1) -> None:
+                 nondiff_argnames: Sequence[str] = (), order: int = 2) -> None:
         functools.update_wrapper(self, fun)
         self.fun = fun
         self.name: str = getattr(fun, "__name__", repr(fun))

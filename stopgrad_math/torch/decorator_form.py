@@ -719,22 +719,27 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
                order: int) -> tuple[Any, Any, unrecorded.Watch | None]:
     """f's ``(y, vjp)``: y at stop(x); the VJP at stop(x) (order 1: what it closes over is stopped when it is
     embedded), or at x (order 2, eagerly and under torch.func), watched where reverse mode may differentiate it
-    (``unrecorded``: a watch of what f computed without grad mode; else None). Compiled, the VJP at stop(x):
-    the proof's graphs compute J from the arguments (``_Registered``)."""
+    (``unrecorded``: a watch of what f computed without grad mode; else None). At order 2 f runs once where the
+    watch saw it read nothing else that requires grad (y detached is then y at stop(x)), else again at stop(x),
+    replaying the first call's draws. Compiled, the VJP at stop(x): the proof's graphs compute J from the
+    arguments (``_Registered``)."""
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     if order == 1:
         return (*call_f(f, leaves.with_values(stopped), kwargs), None)
     if torch.compiler.is_compiling():  # the proof's graphs compute J from the arguments (``_Registered``)
         return (*call_f(f, leaves.with_values(stopped), kwargs), None)
     moving = [leaves.values[k] for k in leaves.differentiable]
-    watch = None
+    reverse = any(x.requires_grad for x in moving)  # (the watch's lost tensors matter to reverse mode alone)
     drawn = _random_states()
-    if any(x.requires_grad for x in moving):
-        watch = unrecorded.Watch(moving)
-        with watch:
-            vjp = call_f(f, leaves.with_values({}), kwargs)[1]
+    if reverse or any(unrecorded.moves(x) for x in moving):
+        followed = unrecorded.Watch(moving)
+        with followed:
+            y, vjp = call_f(f, leaves.with_values({}), kwargs)
+        watch = followed if reverse else None
+        if not followed.reads_outside:  # y depends on the arguments alone: its value at stop(x), no second call
+            return pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, y), vjp, watch
     else:
-        vjp = call_f(f, leaves.with_values({}), kwargs)[1]
+        watch, vjp = None, call_f(f, leaves.with_values({}), kwargs)[1]
     _random_states(drawn)  # the second call draws what the first drew: y and the VJP's residuals agree
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
 

@@ -85,9 +85,10 @@ def _context_of(needs_input_grad: tuple[bool, ...], saved: tuple[Any, ...],
 class Function:
     """A base class with ``torch.autograd.Function``'s API, whose ``backward`` gives every mode.
 
-    Class attributes: ``order`` (1: a second derivative raises; 2: exact second derivatives, as ``custom_gradient``'s
-    ``order``). ``route(*args)`` says whether a call embeds the backward or falls back to PyTorch's mechanism.
-    The differences from ``torch.autograd.Function`` are listed in docs/existing_code.md.
+    Class attributes: ``order`` (2, the default: exact second derivatives, as a double backward takes them; 1: a
+    second derivative raises, as ``custom_gradient``'s ``order``). ``route(*args)`` says whether a call embeds the
+    backward or falls back to PyTorch's mechanism. The differences from ``torch.autograd.Function`` are listed in
+    docs/existing_code.md.
 
     >>> class Exp(Function):
     ...     @staticmethod
@@ -104,7 +105,7 @@ class Function:
     tensor([1., 1.])
     """
 
-    order: ClassVar[int] = 1
+    order: ClassVar[int] = 2
     _stopgrad_math_fallbacks: ClassVar[tuple[_Mechanism, _Mechanism]]  # (compiled, eager): ``_fallbacks``
     _stopgrad_math_forward: ClassVar[_Forward]
     _stopgrad_math_f: ClassVar[Callable[..., Any]]

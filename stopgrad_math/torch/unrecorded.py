@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as forward_ad
+from torch._C._functorch import is_functorch_wrapped_tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
@@ -35,17 +37,23 @@ UNRECORDED = (
 
 class Watch(TorchFunctionMode):
     """Follows the ops run on tensors computed from ``roots`` (the moving arguments): an inexact result is
-    ``derived``, and ``lost`` where grad mode is off or an operand is lost already."""
+    ``derived``, and ``lost`` where grad mode is off or an operand is lost already; ``reads_outside`` says whether
+    an op read a tensor a derivative can be taken through (``moves``) from elsewhere (a weight), whose autodiff
+    f's value must keep."""
 
     def __init__(self, roots: Iterable[torch.Tensor]) -> None:
         super().__init__()
         self.derived: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary(
             {id(t): t for t in roots})
         self.lost: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+        self.reads_outside = False  # whether an op read a tensor that requires grad and is not computed from roots
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
         operands = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not self.reads_outside:
+            self.reads_outside = any(moves(t) and not _holds(self.derived, t) and not _holds(self.lost, t)
+                                     for t in operands)
         from_lost = any(_holds(self.lost, t) for t in operands)
         if from_lost or any(_holds(self.derived, t) for t in operands):
             marked = self.lost if from_lost or not torch.is_grad_enabled() else self.derived
@@ -53,6 +61,14 @@ class Watch(TorchFunctionMode):
                 if isinstance(out, torch.Tensor) and (out.is_floating_point() or out.is_complex()):
                     marked[id(out)] = out
         return result
+
+
+def moves(tensor: torch.Tensor) -> bool:
+    """Whether a derivative can be taken through the tensor: it requires grad, carries a forward-mode tangent, or
+    is wrapped by a torch.func transform (which may carry one)."""
+    if tensor.requires_grad or is_functorch_wrapped_tensor(tensor):
+        return True
+    return forward_ad._current_level >= 0 and forward_ad.unpack_dual(tensor).tangent is not None  # type: ignore[no-untyped-call]
 
 
 def _holds(marked: weakref.WeakValueDictionary[int, torch.Tensor], tensor: torch.Tensor) -> bool:
