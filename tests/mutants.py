@@ -627,6 +627,12 @@ def _f_always_run_twice(original):
     return Suspicious
 
 
+def _every_exception_wrapped(original):
+    """PyTorch's decorator wraps every exception raised while it traces a VJP in its own ValueError (issue 56): the
+    user's ``except Boom:`` misses the VJP's own exception."""
+    return lambda error: False
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _FAST = "tests/test_torch_fast_path.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
@@ -660,6 +666,9 @@ MUTANTS = {
     "PyTorch's order=2 runs f twice": Mutant(
         "stopgrad_math.torch.unrecorded", "Watch", _f_always_run_twice,
         (_ORDER_2_TORCH + "test_a_forward_that_updates_a_running_statistic_updates_it_once_at_order_2",)),
+    "PyTorch's decorator wraps the VJP's own exception": Mutant(
+        "stopgrad_math.torch.decorator_form", "_raised_by_the_vjp", _every_exception_wrapped,
+        ("tests/test_torch_decorator_form.py::test_an_exception_the_vjp_raises_passes_through_unchanged",)),
     "the Function face says every argument needs its gradient": Mutant(
         "stopgrad_math.torch.function_face", "_needs_input_grad", _every_argument_needs_its_gradient,
         (f"{_EXISTING_TORCH}::test_needs_input_grad_is_true_exactly_where_the_callers_argument_requires_grad",)),

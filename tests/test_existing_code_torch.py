@@ -349,3 +349,28 @@ def test_the_readmes_example_runs_as_written():
     exec(re.findall(r"```python\n(.*?)```", text.split("## Bring your existing code")[1], re.S)[0], namespace)
     assert torch.equal(torch.func.jacfwd(namespace["Exp"].apply)(torch.zeros(2)), torch.eye(2))
     assert tuple(float(v) for v in namespace["jax"].jvp(namespace["softplus"], (100.0,), (1.0,))) == (100.0, 1.0)
+
+
+def test_a_backward_raising_its_own_exception_falls_back_and_raises_it_in_the_backward_pass():
+    """Issue 56's exceptions, on the class: a backward that raises an exception of its own (not supported for this
+    input) is PyTorch's to run: the call gives forward's value, the backward pass raises the same exception, as the
+    Function's does, and route says why."""
+    class Unsupported(Exception):
+        pass
+
+    class NoGradient(sgm.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise Unsupported("no gradient for this input")
+
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    route = NoGradient.route(x)
+    assert not route.embedded and "Unsupported" in route.reason
+    y = NoGradient.apply(x)
+    torch.testing.assert_close(y.detach(), torch.tensor([2.0, 4.0]))
+    with pytest.raises(Unsupported, match="no gradient for this input"):
+        y.sum().backward()

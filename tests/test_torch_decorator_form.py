@@ -610,3 +610,39 @@ def test_float64_against_central_differences():
         e[j] = step
         column = (_closed_form(x + e) - _closed_form(x - e)) / (2 * step)
         torch.testing.assert_close(jacobian[:, j], column, rtol=1e-7, atol=1e-9)
+
+
+class _Boom(Exception):
+    """An exception of the user's own."""
+
+
+def _raising_vjp(error):
+    def f(x):
+        def vjp(ct):
+            raise error
+        return x * 2.0, vjp
+    return f
+
+
+_EXCEPTION_MODES = {
+    "backward": lambda fn, x: fn(x.clone().requires_grad_(True)).sum().backward(),
+    "func.grad": lambda fn, x: torch.func.grad(lambda x: fn(x).sum())(x),
+    "func.jvp": lambda fn, x: torch.func.jvp(fn, (x,), (x,)),
+    "vmap(func.grad)": lambda fn, x: torch.func.vmap(torch.func.grad(lambda x: fn(x).sum()))(x[None]),
+}
+
+
+@pytest.mark.parametrize("mode", _EXCEPTION_MODES)
+@pytest.mark.parametrize("error", [_Boom("inside the vjp"), ZeroDivisionError("division by zero")],
+                         ids=["the user's class", "ZeroDivisionError"])
+def test_an_exception_the_vjp_raises_passes_through_unchanged(error, mode):
+    """Issue 56: the VJP's own exception came back as the decorator's ValueError ("cannot be traced eagerly",
+    with advice that did not apply), so `except Boom:` missed it. It passes through as from a Function's
+    backward, eagerly and under torch.func; a read of the cotangent's value is still the decorator's refusal."""
+    x = torch.tensor([0.5, 1.5])
+    with pytest.raises(type(error)) as raised:
+        _EXCEPTION_MODES[mode](sgm.custom_gradient(_raising_vjp(error)), x)
+    assert raised.value is error
+    reads_the_cotangent = sgm.custom_gradient(lambda x: (x * 2.0, lambda ct: (ct * float(ct.sum()),)))
+    with pytest.raises(ValueError, match=r"The vjp of <lambda> cannot be traced"):
+        _EXCEPTION_MODES[mode](reads_the_cotangent, x)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import pathlib
 import types
 import typing
 import warnings
@@ -132,6 +133,8 @@ def _traced(cotangents: _Cotangents, vjp: Callable[[Any], Any]) -> linear_ops.Tr
     except (ValueError, TypeError, LookupError):
         raise
     except Exception as error:  # what make_fx raises on a read of the cotangent, or on what it cannot trace
+        if _raised_by_the_vjp(error):
+            raise
         raise _untraceable(cotangents.f, error, "eagerly") from error
     cotangents.warn_if_none_found()
     return traced
@@ -155,6 +158,8 @@ def _traced_under_transform(cotangents: _Cotangents, vjp: Callable[[Any], Any]) 
         except (ValueError, TypeError, LookupError):
             raise
         except Exception as error:  # what make_fx raises on a value read or a wrapped tensor
+            if _raised_by_the_vjp(error):
+                raise
             raise _untraceable(cotangents.f, error, "under torch.func") from error
     cotangents.warn_if_none_found()
     count = len(examples)  # the cotangents' placeholders, then the lifted tensors'
@@ -198,6 +203,39 @@ def _sparse_refusal(f: Callable[..., Any], sparse: str) -> NotEmbeddable:
     return NotEmbeddable(f"The vjp of {name_of(f)} reads the sparse tensor {sparse}, which the decorator cannot trace "
                       "into ATen ops to prove the vjp linear: PyTorch's fake tensors have no sparse layout. Close "
                       "over it dense (to_dense()), or keep this rule an autograd.Function.")
+
+
+# Where an exception raised inside is PyTorch's (the trace's) or the library's own (a refusal), not the VJP's.
+_NOT_THE_VJPS = (str(pathlib.Path(torch.__file__).parent), str(pathlib.Path(__file__).parent.parent))
+
+
+def _raised_by_the_vjp(error: Exception) -> bool:
+    """Whether the VJP's own code raised ``error`` (a ``Boom`` of the user's, a ZeroDivisionError), which passes
+    through unchanged, as it would from the backward of an autograd.Function, rather than the trace (a read of a
+    fake value, an op it cannot trace): an exception of a type PyTorch defines, a bare RuntimeError or
+    NotImplementedError (what PyTorch's C++ raises), or one raised inside PyTorch's own Python is the trace's, and
+    one raised in the library's is its refusal."""
+    kind = type(error)
+    if kind in (RuntimeError, NotImplementedError) or kind.__module__.split(".")[0] == "torch":
+        return False
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is None or not frame.tb_frame.f_code.co_filename.startswith(_NOT_THE_VJPS)
+
+
+def _falls_back_on(error: Exception) -> bool:
+    """Whether a call that can fall back (``stopgrad_math.torch.Function``) hands ``error`` to PyTorch's mechanism:
+    a VJP the decorator cannot embed, or one that raised an exception of its own, which the Function's backward
+    then raises where PyTorch calls it (in the backward pass, if one runs)."""
+    return isinstance(error, NotEmbeddable) or _raised_by_the_vjp(error)
+
+
+def _fall_back_reason(f: Callable[..., Any], error: Exception) -> str:
+    if isinstance(error, NotEmbeddable):
+        return str(error)
+    return (f"The vjp of {name_of(f)} raised {type(error).__name__} ({error}) when the decorator ran it to prove it "
+            "linear: PyTorch's mechanism runs it in the backward pass instead.")
 
 
 def _untraceable(f: Callable[..., Any], error: Exception, where: str, vjp: Any = None) -> NotEmbeddable:
@@ -477,10 +515,10 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
     prove = _proof_for_any_size if any_size else _proof_of_f
     try:
         proof = prove(f, names, order, skeleton, tensors, cotangents, *flat)
-    except NotEmbeddable as error:
-        if not falls_back:
+    except Exception as error:
+        if not (falls_back and _falls_back_on(error)):
             raise
-        _REFUSALS.append(str(error))
+        _REFUSALS.append(_fall_back_reason(f, error))
         proof = (_REFUSED, len(_REFUSALS) - 1)
     return proof if key is None else _PROVEN_WHILE_COMPILING.put(key, proof)
 
@@ -540,6 +578,8 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
     except (ValueError, TypeError, LookupError):
         raise
     except Exception as error:
+        if _raised_by_the_vjp(error):
+            raise
         raise _untraceable(f, error, "under torch.compile", vjps[-1] if vjps else None) from error
 
 
@@ -853,10 +893,10 @@ def _proven_call(cotangents: _Cotangents, vjp: Callable[[Any], Any], kwargs: dic
         return kept, cotangents.of(vjp, kept) if registered is None else registered, [], transposed
     try:
         kept, linear, closed_over, transposed = _proven(cotangents, vjp, order)
-    except NotEmbeddable as error:
-        if not falls_back:
+    except Exception as error:
+        if not (falls_back and _falls_back_on(error)):
             raise
-        return str(error)
+        return _fall_back_reason(f, error)
     unrecorded.check(watch, closed_over, name_of(f))
     return kept, linear, closed_over, transposed
 
