@@ -5,6 +5,7 @@ DistributedDataParallel's all-reduce (eagerly and under torch.compile) and after
 against plain autodiff of logaddexp(x, 0) on the whole batch in this process. Prints one line per case; exits 1
 where any differs."""
 
+import os
 import sys
 
 import torch
@@ -85,4 +86,9 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Out without the interpreter's teardown: torch 2.14's, with compiled code and gloo threads left, can abort
+    # ("terminate called without an active exception", SIGABRT) after every result above was printed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
