@@ -605,26 +605,22 @@ def _symmetrized_tensorflow_hessian(original):
     return midpoint
 
 
-def _weights_taken_for_arguments(original):
-    """PyTorch's order=2 takes f's value from its call at x even where f read a weight (issue 55): the weight's
-    autodiff through y is lost without a word."""
-    class Blind(original):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            result = super().__torch_function__(func, types, args, kwargs)
-            self.reads_outside = False
-            return result
-    return Blind
+def _watch_answering(reads_outside):
+    """A PyTorch order=2 watch whose ``reads_outside`` is always ``reads_outside``, whatever f read."""
+    def broken(original):
+        class Answering(original):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                result = super().__torch_function__(func, types, args, kwargs)
+                self.reads_outside = reads_outside
+                return result
+        return Answering
+    return broken
 
 
-def _f_always_run_twice(original):
-    """PyTorch's order=2 runs f twice as it did (issue 55): a forward's update of a running statistic is applied
-    twice."""
-    class Suspicious(original):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            result = super().__torch_function__(func, types, args, kwargs)
-            self.reads_outside = True
-            return result
-    return Suspicious
+# PyTorch's order=2 takes f's value from its call at x even where f read a weight (issue 55): the weight's autodiff
+# through y is lost without a word; or runs f twice as it did, applying a running-statistic update twice.
+_weights_taken_for_arguments = _watch_answering(False)
+_f_always_run_twice = _watch_answering(True)
 
 
 def _every_exception_wrapped(original):
