@@ -7,7 +7,9 @@ the identity form against ``torch.autograd.Function`` (the anchor; with a
 ``jvp`` for forward mode, which then cannot be compiled), the decorator form
 (its VJP alone; compiled, its proof made once, as Dynamo traces it) and plain
 autodiff of ``softplus`` (the floor); and each one's value alone where
-nothing differentiates, beside f alone. Then a training step of a small MLP
+nothing differentiates, beside f alone; and under ``torch.func`` (``grad``,
+``jvp``, ``vmap(grad)`` over a batch of 64 rows, ``jacfwd`` of 16 elements),
+the anchor there with ``setup_context``, a ``jvp`` and a generated vmap rule. Then a training step of a small MLP
 with the function as its activation (eager, compiled, inference) and the
 first compiled call of that step (each in a process of its own, with an
 empty kernel cache). Each cell is timed in ``--blocks``
@@ -39,7 +41,12 @@ import stopgrad_math.torch as sgm
 
 ANCHOR = "autograd.Function (anchor)"
 NOTHING = "eager value, nothing differentiates"
-PHASES = ("eager value+grad", "compiled value+grad", "eager jvp", NOTHING)
+FUNC_GRAD, FUNC_JVP, VMAP_GRAD, JACFWD = ("torch.func.grad", "torch.func.jvp", "vmap(grad), a batch of 64",
+                                          "jacfwd, 16 elements")
+TRANSFORMS = (FUNC_GRAD, FUNC_JVP, VMAP_GRAD, JACFWD)
+PHASES = ("eager value+grad", "compiled value+grad", "eager jvp", NOTHING, *TRANSFORMS)
+JACOBIAN_SIZE = 16  # jacfwd's n: its cost grows as n², one size is timed
+BATCH = 64  # vmap(grad)'s batch: x of n elements as 64 rows (n rounded down to a multiple of 64)
 F_ALONE = "f alone (no gradient machinery)"
 
 
@@ -92,6 +99,25 @@ class _Log1pexpFace(sgm.Function):
     backward = staticmethod(_backward)
 
 
+class _Log1pexpFunctorch(torch.autograd.Function):
+    """The anchor under torch.func, which asks of a Function every rule it uses: ``setup_context``, a ``jvp``, and a
+    vmap rule (generated from the forward's ops)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):  # type: ignore[no-untyped-def, override]
+        return _value(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def, override]
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+
+    backward = staticmethod(_backward)
+    jvp = staticmethod(_Log1pexp.jvp)
+
+
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return sgm.custom_gradient(_value(x), torch.sigmoid(x), x)  # type: ignore[return-value]
 
@@ -136,10 +162,28 @@ def _jvp(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor],
     return run
 
 
+def _transformed(fn: Callable[[torch.Tensor], torch.Tensor], phase: str) -> Callable[[torch.Tensor], object]:
+    """A torch.func program: the gradient of sum(fn), the JVP along ones, per-row gradients of ``BATCH`` rows, or
+    the Jacobian by forward mode."""
+    def total(x: torch.Tensor) -> torch.Tensor:
+        return fn(x).sum()
+
+    if phase == FUNC_GRAD:
+        return lambda x: (torch.func.grad(total)(x),)
+    if phase == FUNC_JVP:
+        return lambda x: torch.func.jvp(fn, (x,), (torch.ones_like(x),))
+    if phase == VMAP_GRAD:
+        return lambda x: (torch.func.vmap(torch.func.grad(total))(x[:x.numel() // BATCH * BATCH].reshape(BATCH, -1)),)
+    return lambda x: (torch.func.jacfwd(fn)(x),)
+
+
 def programs(name: str, phase: str) -> Callable[[torch.Tensor], object]:
     """The program of a phase: value + gradient of sum(fn), fn eager or compiled (AOTAutograd compiles its backward
-    too; torch.autograd.grad itself is not traced); the JVP along ones; or fn's value, x not requiring grad."""
+    too; torch.autograd.grad itself is not traced); the JVP along ones; fn's value, x not requiring grad; or a
+    torch.func transform of fn (``_transformed``), the anchor there with every rule torch.func asks for."""
     fn = implementations(phase)[name]
+    if phase in TRANSFORMS:
+        return _transformed(_Log1pexpFunctorch.apply if name == ANCHOR else fn, phase)
     if phase == NOTHING:
         return lambda x: (fn(x),)
     if phase == "eager jvp":
@@ -286,18 +330,20 @@ def _time(seconds: float) -> str:
 
 
 def markdown(rows: list[dict], device: str, batch: int = 0, width: int = 0) -> str:
-    sizes = sorted({row["n"] for row in rows if row["phase"] in PHASES})
+    sizes = sorted({row["n"] for row in rows if row["phase"] in PHASES and row["phase"] != JACFWD})
     lines = [f"# PyTorch: log1pexp eagerly and compiled, {device}", "",
              f"torch {torch.__version__}. Median seconds of calls; ratio to `{ANCHOR}` as the median over blocks of "
              "interleaved calls, with its range over the blocks (run-to-run noise). Compiled: log1pexp under "
              "`torch.compile(fullgraph=True)`, its backward compiled by AOTAutograd, the anchor without its `jvp` "
              "(which `torch.compile` refuses).", ""]
     for phase in [p for p in PHASES if any(r["phase"] == p for r in rows)]:
-        lines += [f"## {phase}", "", "| implementation | " + " | ".join(f"n = {n:.0e}" for n in sizes) + " |",
-                  "|---|" + "---|" * len(sizes)]
+        phase_sizes = [JACOBIAN_SIZE] if phase == JACFWD else sizes
+        lines += [f"## {phase}", "", "| implementation | " + " | ".join(f"n = {n:.0e}" for n in phase_sizes) + " |",
+                  "|---|" + "---|" * len(phase_sizes)]
         for name in implementations(phase):
             cells = [next(_cell_text(r) for r in rows
-                          if r["n"] == n and r["phase"] == phase and r["implementation"] == name) for n in sizes]
+                          if r["n"] == n and r["phase"] == phase and r["implementation"] == name)
+                     for n in phase_sizes]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     steps = [phase for phase in (*STEPS, FIRST_COMPILE) if any(r["phase"] == phase for r in rows)]
@@ -333,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256, help="the training step's batch (0: no step rows)")
     parser.add_argument("--width", type=int, default=1024, help="the training step's layer width")
     parser.add_argument("--steps-only", action="store_true", help="the training step's rows alone")
+    parser.add_argument("--phases", nargs="*", default=PHASES, choices=PHASES, help="default: every phase")
     parser.add_argument("--compile-rounds", type=int, default=3, help="rounds of the first-compile row")
     parser.add_argument("--compile-backend", default="inductor",
                         help="the first-compile row's backend (aot_eager: no kernels built, for a quick check)")
@@ -343,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         print(first_compile_seconds(args.first_compile, args.batch, args.width, device, args.compile_backend))
         return 0
     sizes = args.sizes or ([10**6, 10**7, 10**8] if device == "cuda" else [10**3, 10**5, 10**6])
-    rows = [] if args.steps_only else [row for n in sizes for phase in PHASES
+    cells = [(n, phase) for n in sizes for phase in args.phases if phase != JACFWD]
+    cells += [(JACOBIAN_SIZE, JACFWD)] if JACFWD in args.phases else []
+    rows = [] if args.steps_only else [row for n, phase in cells
                                        for row in run_cell(n, phase, args.blocks, args.min_time, device)]
     if args.batch:
         rows += [row for phase in STEPS

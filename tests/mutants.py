@@ -629,6 +629,15 @@ def _every_exception_wrapped(original):
     return lambda error: False
 
 
+def _no_proof_kept_under_transforms(original):
+    """PyTorch's decorator proves its VJP anew at every call under a torch.func transform, as before issue 56: the
+    right values at 10–40 times the cost."""
+    def known(*args):
+        from stopgrad_math.torch import second_derivative_guard
+        return None if second_derivative_guard.in_transform() else original(*args)
+    return known
+
+
 _INSIDE_TFP = "tests/test_inside_tfp.py"
 _FAST = "tests/test_torch_fast_path.py"
 _SWEEP = "tests/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
@@ -665,6 +674,10 @@ MUTANTS = {
     "PyTorch's decorator wraps the VJP's own exception": Mutant(
         "stopgrad_math.torch.decorator_form", "_raised_by_the_vjp", _every_exception_wrapped,
         ("tests/test_torch_decorator_form.py::test_an_exception_the_vjp_raises_passes_through_unchanged",)),
+    "PyTorch's decorator keeps no proof under torch.func": Mutant(
+        "stopgrad_math.torch.decorator_form", "_known", _no_proof_kept_under_transforms,
+        ("tests/test_torch_proofs_kept.py::test_under_a_transform_a_known_signature_traces_nothing_and_reads_this_"
+         "calls_tensors[func.jvp]",)),
     "the Function face says every argument needs its gradient": Mutant(
         "stopgrad_math.torch.function_face", "_needs_input_grad", _every_argument_needs_its_gradient,
         (f"{_EXISTING_TORCH}::test_needs_input_grad_is_true_exactly_where_the_callers_argument_requires_grad",)),

@@ -9,7 +9,7 @@ import torch_run  # noqa: E402
 @pytest.mark.parametrize("phase", torch_run.PHASES)
 def test_every_implementation_matches_plain_autodiff_of_softplus(phase):
     """The ratios compare mechanisms only if every implementation computes the same value and derivative."""
-    x = torch.linspace(-20.0, 100.0, 1000)
+    x = torch.linspace(-20.0, 100.0, torch_run.JACOBIAN_SIZE if phase == torch_run.JACFWD else 1000)
     want = torch_run.programs("plain autodiff (floor)", phase)(x)
     for name in torch_run.implementations(phase):
         for got, expected in zip(torch_run.programs(name, phase)(x), want, strict=True):
@@ -23,6 +23,7 @@ def test_a_run_writes_its_report(tmp_path):
     text = (tmp_path / "latest-torch.md").read_text()
     assert "autograd.Function (anchor)" in text and "## compiled value+grad" in text
     assert "MLP step, first compiled call" in text and "f alone" in text
+    assert "## vmap(grad), a batch of 64" in text and "## jacfwd, 16 elements" in text
 
 
 @pytest.mark.parametrize("phase", torch_run.STEPS)

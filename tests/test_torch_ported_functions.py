@@ -507,7 +507,15 @@ def test_a_boolean_mask_assignment_in_a_vjp_works_eagerly_and_compiled(how):
                                                                                "backward"), rtol=1e-12, atol=1e-12)
 
 
-def test_a_boolean_mask_assignment_in_a_vjp_under_vmap_is_refused_naming_it_and_torch_where():
+@pytest.mark.parametrize("first", [None, "backward", "func.grad"])
+def test_a_boolean_mask_assignment_in_a_vjp_under_vmap_is_refused_naming_it_and_torch_where(first):
+    """Also where the mask's signature has a proof kept from a call in which the mask was not batched."""
     ported = sgm.custom_gradient(_sparsemax_as_its_author_masks)
+    if first is not None:  # one sample's signature proven with the mask unbatched
+        row = Z[0].clone().requires_grad_(first == "backward")
+        if first == "backward":
+            (ported(row) * torch.arange(6.0)).sum().backward()
+        else:
+            torch.func.grad(lambda z: (ported(z) * torch.arange(6.0)).sum())(row)
     with pytest.raises(ValueError, match=r"boolean mask \(index_put: g\[mask\] = 0.*Write the choice with torch.where"):
         torch.func.vmap(torch.func.grad(lambda z: (ported(z) * torch.arange(6.0)).sum()))(Z)

@@ -67,6 +67,31 @@ def test_a_known_signature_traces_nothing_and_reads_this_calls_tensors(traces):
     assert traces[0] == made == 1
 
 
+TRANSFORMS = ("func.grad", "func.vjp", "func.jvp", "func.jacfwd", "func.jacrev", "func.vmap(func.grad)",
+              "func.vmap(func.jvp)")
+
+
+@pytest.mark.parametrize("mode", TRANSFORMS)
+def test_under_a_transform_a_known_signature_traces_nothing_and_reads_this_calls_tensors(mode, traces):
+    """Issue 56: under torch.func the proof was made anew at every call (10–40 ms); it is kept per signature, the
+    shapes as the call sees them (one sample's under vmap), and reads each call's wrapped tensors."""
+    f = _scaled_sin(2.0)
+    for x in (X, X * 3.0, -X):
+        torch.testing.assert_close(MODES[mode](f, x), 2.0 * torch.cos(x), rtol=0, atol=0)
+    assert traces[0] == 1
+
+
+def test_one_proof_serves_eager_calls_and_transforms_of_one_signature_and_a_new_shape_makes_another(traces):
+    f = _scaled_sin(2.0)
+    for mode in ("backward", "func.grad", "func.jvp", "forward_ad", "func.jacrev"):
+        torch.testing.assert_close(MODES[mode](f, X), 2.0 * torch.cos(X), rtol=0, atol=0)
+    assert traces[0] == 1
+    longer = torch.linspace(-2, 2, 7, dtype=torch.float64)
+    torch.testing.assert_close(MODES["func.grad"](f, longer), 2.0 * torch.cos(longer), rtol=0, atol=0)
+    torch.testing.assert_close(MODES["func.vmap(func.grad)"](f, longer), 2.0 * torch.cos(longer), rtol=0, atol=0)
+    assert traces[0] == 3  # a 7-element x, and one sample of it (a 0-d x) under vmap
+
+
 def test_a_new_closure_value_shape_dtype_or_global_makes_a_new_proof(traces):
     torch.testing.assert_close(_gradient(_scaled_sin(2.0), X), 2.0 * torch.cos(X), rtol=0, atol=0)
     torch.testing.assert_close(_gradient(_scaled_sin(5.0), X), 5.0 * torch.cos(X), rtol=0, atol=0)
@@ -140,7 +165,10 @@ def test_order_2_hessians_from_a_kept_proof_are_exact():
         torch.testing.assert_close(second, -torch.sin(x))
 
 
-def test_kept_proofs_hold_no_tensor_of_a_past_call_and_are_bounded(monkeypatch):
+@pytest.mark.parametrize("mode", ["backward", "func.grad", "func.jvp", "func.vmap(func.grad)"])
+def test_kept_proofs_hold_no_tensor_of_a_past_call_and_are_bounded(mode, monkeypatch):
+    """Each proof holds graphs traced on stand-ins: no tensor of the call (nor a transform's wrapper of one), so
+    what the cache holds is bounded by its entries' graphs, not by the tensors' bytes."""
     monkeypatch.setattr(decorator_form, "_PROOFS", bounded_cache.BoundedCache(4))
     closed_over = []
 
@@ -150,9 +178,11 @@ def test_kept_proofs_hold_no_tensor_of_a_past_call_and_are_bounded(monkeypatch):
         closed_over.append(weakref.ref(c))
         return torch.sin(x), lambda ct: ct * c
 
-    for n in range(1, 9):  # eight signatures
+    for n in range(1, 9):  # eight signatures (under vmap, a 2 × n batch of n-element rows)
         x = torch.linspace(-1, 1, n, dtype=torch.float64)
-        torch.testing.assert_close(_gradient(f, x), torch.cos(x), rtol=0, atol=0)
+        x = torch.stack([x, -x]) if "vmap" in mode else x
+        got = MODES[mode](lambda r: f(r).sum(), x) if "vmap" in mode else MODES[mode](f, x)
+        torch.testing.assert_close(got, torch.cos(x), rtol=0, atol=0)
     gc.collect()
     assert all(ref() is None for ref in closed_over)
     assert len(decorator_form._PROOFS) == 4

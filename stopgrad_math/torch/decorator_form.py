@@ -279,9 +279,9 @@ def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any],
     """The argument leaves whose cotangent is linear (``_proven_states`` of the VJP traced as ``_traced`` does);
     the map from the cotangents of y to theirs: the traced graph, with what the VJP closes over stopped (order 1)
     or live (order 2); what it closes over, as it is; and the map's transpose J·v where it is at hand (None: the
-    pullback of torch.func.vjp of the map). Eagerly, outside torch.func and any trace, the proof of a known
+    pullback of torch.func.vjp of the map). Eagerly and under torch.func, outside any trace, the proof of a known
     signature (``_known``)."""
-    if not second_derivative_guard.in_transform() and not torch._C._len_torch_dispatch_stack():
+    if not torch._C._len_torch_dispatch_stack():
         known = _known(cotangents, vjp, order)
         if known is not None:
             return known
@@ -353,40 +353,52 @@ class _Transpose:
 
 
 def _proof(cotangents: _Cotangents, opened: closure_key.Opened) -> Any:
-    """The ``_Proof`` of the VJP opened; ``_TRACED_AT_EVERY_CALL`` where a trace by shapes fails, proves nothing
-    or keeps a tensor."""
+    """The ``_Proof`` of the VJP opened; ``_TRACED_AT_EVERY_CALL`` where a trace by shapes fails, proves nothing,
+    keeps a tensor, or, under vmap, indexes with a mask made from a batched tensor (``_traced`` then says which).
+    Shapes are read where the call is, and the graphs traced outside any torch.func transform, on plain
+    stand-ins."""
     examples = cotangents.examples()
-    stand_ins = [*(stand_in(e)() for e in examples), *(vjp_closure.strided_stand_in(t) for t in opened.arrays)]
-    try:
-        traced = _traced_by_shapes(cotangents, cotangents.described(), opened.rebuild, stand_ins, len(examples))
-        kept = _proven_states(cotangents, traced.states())
-    except Exception:  # a read of a value (an op on it: item's _local_scalar_dense), or no proof: the trace on the
-        return _TRACED_AT_EVERY_CALL  # real tensors it closes over says what is allowed, or names the op
+    makers = [*(stand_in(e) for e in examples), *(vjp_closure.strided_stand_in(t) for t in opened.arrays)]
+    describe = cotangents.described()
+    leaves = cotangents.leaves
+    leaf_makers = {k: stand_in(leaves.values[k]) for k in leaves.differentiable}
+    batched = {len(examples) + k for k, t in enumerate(opened.arrays) if _batched(t)}
+    with temporarily_clear_interpreter_stack():
+        stand_ins = [make() for make in makers]
+        try:
+            traced = _traced_by_shapes(cotangents, describe, opened.rebuild, stand_ins, len(examples))
+            kept = _proven_states(cotangents, traced.states())
+        except Exception:  # a read of a value (an op on it: item's _local_scalar_dense), or no proof: the trace on
+            return _TRACED_AT_EVERY_CALL  # the real tensors it closes over says what is allowed, or names the op
+        if not all(k in traced.literals and c.numel() == 1 for k, c in enumerate(traced.constants)) or (
+                batched and linear_ops.boolean_mask_op(traced.graph, batched) is not None):
+            return _TRACED_AT_EVERY_CALL
+        if kept:
+            vjp_map, transposed = _maps(traced, [cotangents.found.index(k) for k in kept],
+                                        [leaf_makers[k]() for k in kept], stand_ins, len(examples), [])
     cotangents.warn_if_none_found()
-    if not all(k in traced.literals and c.numel() == 1 for k, c in enumerate(traced.constants)):
-        return _TRACED_AT_EVERY_CALL
     if not kept:
         return _Proof([], None, None)
-    leaves = cotangents.leaves
-    kept_examples = [torch.empty(leaves.values[k].shape, dtype=leaves.values[k].dtype,
-                                 device=leaves.values[k].device) for k in kept]
-    vjp_map, transposed = _maps(traced, [cotangents.found.index(k) for k in kept], kept_examples, stand_ins,
-                                len(examples), [])
     return _Proof(kept, vjp_map, transposed, eager_fast_path.maps_tangents(transposed, len(kept)),
                   eager_fast_path.product_factor(transposed, len(kept)))
 
 
 def _signature(cotangents: _Cotangents, opened: closure_key.Opened, order: int) -> Hashable | None:
     """What a proof depends on besides the VJP's key: the names, the order (a decorated call inside the VJP is
-    evaluated by it), and the structure and leaves of the arguments and of y (a tensor by ``tensor_key``, another
-    leaf by value); None where a leaf is of another kind."""
+    evaluated by it), the structure and leaves of the arguments and of y (a tensor by ``tensor_key``, its shape
+    as the call sees it, under vmap one sample's; another leaf by value), and which tensors the VJP closes over
+    vmap batches (a boolean mask made from one cannot be batched; where none is, an eager call and a transform
+    share the proof); None where a leaf is of another kind."""
     try:
         leaves = tuple(_leaf_key(v) for v in cotangents.leaves.values)
         outputs = tuple(_leaf_key(v) for v in cotangents.outputs.values)
     except TypeError:
         return None
+    batched = tuple(k for k, t in enumerate(opened.arrays) if _batched(t)) \
+        if second_derivative_guard.in_transform() else ()
     return (opened.key, name_of(cotangents.f), tuple(cotangents.names), order,
-            structure_key(cotangents.leaves.structure), leaves, structure_key(cotangents.outputs.structure), outputs)
+            structure_key(cotangents.leaves.structure), leaves, structure_key(cotangents.outputs.structure), outputs,
+            batched)
 
 
 def _leaf_key(value: Any) -> Hashable:

@@ -121,9 +121,10 @@ def tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
     return "tensor", tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.device, tensor.layout
 
 
-def strided_stand_in(tensor: torch.Tensor) -> torch.Tensor:
-    """An uninitialized tensor of the tensor's ``tensor_key``."""
-    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+def strided_stand_in(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A maker of an uninitialized tensor of the tensor's ``tensor_key``, read now (under vmap, one sample's)."""
+    shape, stride, dtype, device = tensor.shape, tensor.stride(), tensor.dtype, tensor.device
+    return lambda: torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 
 _TENSORS = closure_key.Arrays(lambda value: isinstance(value, torch.Tensor), tensor_key, lambda value: False,
