@@ -2,6 +2,7 @@
 JAX namespace's compiled embeddings; no derivative work where nothing differentiates; safe from several threads;
 bounded. Every gradient is checked against its closed form, never against the library."""
 
+import contextvars
 import gc
 import linecache
 import threading
@@ -275,6 +276,36 @@ def test_fx_source_caches_and_memory_stay_flat_over_many_eager_calls():
     tracemalloc.stop()
     assert (len(_loader.eval_cache), len(linecache.cache)) == sizes
     assert last - first < 256 * 1024, (first, last)
+
+
+def test_new_proofs_leave_nothing_in_pytorchs_caches_or_the_threads_context(monkeypatch):
+    """Issue 56: each new proof left an FX source in FX's cache and in linecache (its J·v factor's graph, made
+    outside the lock that drops them), an entry in fake tensors' dispatch cache (the new float by value), and four
+    context variables in the thread's context (make_fx's config patches, torch 2.13): with the proofs bounded,
+    a hundred new signatures leave every count as it was."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(decorator_form, "_PROOFS", bounded_cache.BoundedCache(4))
+
+    def scaled(scale):
+        @sgm.custom_gradient
+        def f(x):
+            c = torch.cos(x)
+            return torch.sin(x), lambda ct: ct * (c * scale)  # one product: J·v = v · c·scale, a factor's graph
+        return f
+
+    def counts():
+        return (len(_loader.eval_cache), len(linecache.cache), len(FakeTensorMode.cache),
+                len(contextvars.copy_context()))
+
+    for k in range(8):
+        _gradient(scaled(100.0 + k), X)
+    gc.collect()
+    before = counts()
+    for k in range(100):
+        torch.testing.assert_close(_gradient(scaled(1.0 + k), X), (1.0 + k) * torch.cos(X), rtol=0, atol=0)
+    gc.collect()
+    assert counts() == before
 
 
 class Config:

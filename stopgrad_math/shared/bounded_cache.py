@@ -47,3 +47,7 @@ class BoundedCache(Generic[Value]):
             except KeyError:  # another thread emptied it
                 break
         return value
+
+    def clear(self) -> None:
+        """Drops every entry."""
+        self._entries.clear()

@@ -58,7 +58,7 @@ from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import arguments as arguments_of
-from stopgrad_math.shared import bounded_cache, closure_key, linearity, nesting, outside_reads
+from stopgrad_math.shared import bounded_cache, closure_key, function_identity, linearity, nesting, outside_reads
 from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.shared.linearity import Judged, NotEmbeddable
@@ -363,7 +363,7 @@ def _proof(cotangents: _Cotangents, opened: closure_key.Opened) -> Any:
     leaves = cotangents.leaves
     leaf_makers = {k: stand_in(leaves.values[k]) for k in leaves.differentiable}
     batched = {len(examples) + k for k, t in enumerate(opened.arrays) if _batched(t)}
-    with temporarily_clear_interpreter_stack():
+    with linear_ops.exclusive(), temporarily_clear_interpreter_stack():  # (exclusive: the modules made here too)
         stand_ins = [make() for make in makers]
         try:
             traced = _traced_by_shapes(cotangents, describe, opened.rebuild, stand_ins, len(examples))
@@ -373,14 +373,14 @@ def _proof(cotangents: _Cotangents, opened: closure_key.Opened) -> Any:
         if not all(k in traced.literals and c.numel() == 1 for k, c in enumerate(traced.constants)) or (
                 batched and linear_ops.boolean_mask_op(traced.graph, batched) is not None):
             return _TRACED_AT_EVERY_CALL
+        proof = _Proof([], None, None)
         if kept:
             vjp_map, transposed = _maps(traced, [cotangents.found.index(k) for k in kept],
                                         [leaf_makers[k]() for k in kept], stand_ins, len(examples), [])
+            proof = _Proof(kept, vjp_map, transposed, eager_fast_path.maps_tangents(transposed, len(kept)),
+                           eager_fast_path.product_factor(transposed, len(kept)))
     cotangents.warn_if_none_found()
-    if not kept:
-        return _Proof([], None, None)
-    return _Proof(kept, vjp_map, transposed, eager_fast_path.maps_tangents(transposed, len(kept)),
-                  eager_fast_path.product_factor(transposed, len(kept)))
+    return proof
 
 
 def _signature(cotangents: _Cotangents, opened: closure_key.Opened, order: int) -> Hashable | None:
@@ -509,13 +509,14 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
     several places of one compiled program is proven once. Its name is Dynamo's for the constant it keeps in the
     globals of the compiled function (torch 2.6 to 2.13), where it should meet nothing of the user's.
     ``falls_back``: a ``NotEmbeddable`` comes back as ``(_REFUSED, k)``, its message ``_REFUSALS[k]``."""
+    _forget_what_dynamo_forgot()
     opened = vjp_closure.keyed(f)
     key: Hashable = None
     if opened is not None:
         # which closed-over tensors are one: a proof's graphs read each tensor it traced once
         aliases = tuple(next(i for i, b in enumerate(opened.arrays) if b is a) for a in opened.arrays)
         key = (opened.key, aliases, names, order, falls_back, structure_key(pytree.tree_structure(skeleton)), tensors,
-               cotangents, flat)
+               cotangents, tuple(_held_weakly(v) for v in flat))
         try:
             hash(key)
         except TypeError:  # a leaf that is not hashable: proven at each compilation
@@ -536,6 +537,33 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
 
 
 _PROVEN_WHILE_COMPILING: bounded_cache.BoundedCache[tuple[int, ...]] = bounded_cache.BoundedCache(PROOFS_KEPT)
+
+
+def _held_weakly(value: Any) -> Any:
+    """A leaf of f's arguments in a compiled proof's key: one compared by identity (a module, an object of the
+    caller's) by a weak reference (``function_identity.same``, equal to nothing once the object is gone), so
+    that the key keeps it alive no longer than its caller; any other as it is."""
+    kind: Any = type(value)  # (a class's slots, compared with object's)
+    if kind.__hash__ is object.__hash__ and kind.__eq__ is object.__eq__:
+        return function_identity.same(value)
+    return value
+
+
+def _dynamo_has_not_reset(*args: Any) -> None:
+    """A compilation callback, registered so that its absence tells of a ``torch._dynamo.reset()``, which clears
+    them."""
+
+
+def _forget_what_dynamo_forgot() -> None:
+    """After ``torch._dynamo.reset()``, which forgets every compiled function (as a new process would start), the
+    proofs and graphs made for them are dropped too, as Dynamo drops its own side tables; a compiled function
+    made since compiles and proves anew."""
+    handler = torch._dynamo.callback.callback_handler
+    if _dynamo_has_not_reset in handler.start_callbacks:
+        return
+    for table in (_PROVEN_WHILE_COMPILING, _COMPILED, _NAMES, _READS, _REFUSALS):  # (a reader goes with its f)
+        table.clear()
+    handler.register_start_callback(_dynamo_has_not_reset)
 _REFUSED = -3  # a proof's first number where the VJP cannot be embedded and the call falls back
 _REFUSALS: list[str] = []  # their reasons, one per compilation that fell back
 
@@ -685,9 +713,9 @@ def _stopgrad_math_reader(f: Callable[..., Any], key: int) -> str:
 
 
 _COMPILED: dict[int, torch.fx.GraphModule] = {}
-"""The maps compiled calls run (``_run_compiled``), by key: two for each compilation of a decorated call whose f
-and VJP close over no tensor from outside, kept as long as the compiled code that calls them (which Dynamo keeps
-for the process, bounded by its recompile limit)."""
+"""The maps compiled calls run (``_run_compiled``), by key: two for each compilation of a decorated call, kept as
+long as the compiled code that calls them (which Dynamo keeps, bounded by its recompile limit, until
+``torch._dynamo.reset()``: ``_forget_what_dynamo_forgot``)."""
 _KEYS = itertools.count(0, 2)  # (next() of a count is atomic: two threads compiling at once get two keys)
 
 
@@ -729,14 +757,12 @@ def _maps(traced: linear_ops.Traced, positions: list[int], kept_examples: list[t
         cotangents = [torch.zeros(e.shape, dtype=e.dtype, device=e.device) for e in examples[:count]]
         return tuple(torch.func.vjp(linear, *cotangents)[1](list(values[:len(positions)])))
 
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     read = [traced.constants[k].detach() for k in outside]
     with linear_ops.exclusive():
-        vjp_module = make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples, *read)
+        vjp_module = linear_ops.make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples, *read)
         # v's stand-ins made anew: make_fx binds its inputs by identity, and a kept leaf's example may be among
         # the examples
-        transpose_module = make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True)(
+        transpose_module = linear_ops.make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True)(
             *[torch.empty_like(e) for e in kept_examples], *examples[count:], *read)
         for module in (vjp_module, transpose_module):  # the pullback's primal computation is dead
             linear_ops.runnable(module)  # (first: its stops' markers are dead too)

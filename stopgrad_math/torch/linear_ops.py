@@ -22,9 +22,11 @@ for a list of tensors, none for None); a Python number is ZERO where it is
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import dataclasses
 import functools
+import itertools
 import linecache
 import operator
 import threading
@@ -319,19 +321,33 @@ def judge(graph: fx.Graph, cotangents: int, zeros: frozenset[int] = frozenset())
     return walk.states_in(graph.output_node().args[0])
 
 
+def make_fx(function: Callable[..., Any], **options: Any) -> Callable[..., fx.GraphModule]:
+    """PyTorch's ``make_fx``, its trace run in a copy of the thread's context: each trace enters config patches
+    that leave a context variable set in the thread's context for good (``ConfigModule.patch`` makes a new one
+    each time, torch 2.13), so a trace at every call, or a proof per new signature, would grow it forever."""
+    from torch.fx.experimental.proxy_tensor import make_fx as make_fx_of_torch
+
+    trace = make_fx_of_torch(function, **options)
+    return lambda *args: contextvars.copy_context().run(trace, *args)
+
+
 _TRACING = threading.RLock()  # make_fx keeps global state (its CURRENT_PATCHER): one trace at a time
 
 
 @contextlib.contextmanager
 def exclusive() -> Any:
     """One thread at a time traces or compiles graphs (nested traces of a decorated call in a VJP are one thread's),
-    and the source FX keeps of each module it makes (for tracebacks, in ``linecache``, never freed) is dropped
-    when the outermost trace ends, so that tracing at every call does not grow memory."""
+    and what PyTorch keeps of each, never freed, is dropped when the outermost trace ends, so that tracing at
+    every call, or a new proof per signature, does not grow memory: the source FX keeps of each module it makes
+    (for tracebacks, in ``linecache``), and the entries fake tensors' dispatch cache adds (one per op and
+    operands, a Python number among them by value)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.graph_module import _loader
 
     with _TRACING:
         outermost = _depth.value == 0
         before = set(_loader.eval_cache) if outermost else set()
+        dispatched = len(FakeTensorMode.cache)
         _depth.value += 1
         try:
             yield
@@ -341,6 +357,9 @@ def exclusive() -> Any:
                 for key in set(_loader.eval_cache) - before:
                     _loader.eval_cache.pop(key, None)
                     linecache.cache.pop(key, None)
+                # (a dict keeps its order: the entries added since, some perhaps a compiling thread's, a cache's)
+                for key in list(itertools.islice(FakeTensorMode.cache, dispatched, None)):
+                    FakeTensorMode.cache.pop(key, None)
 
 
 class _Depth(threading.local):
@@ -527,8 +546,6 @@ def trace(function: Callable[..., Any], *examples: torch.Tensor, cotangents: int
     Two traces: the first records the ops as they run, with the closed-over tensors as constants; those become
     placeholders, and the second trace functionalizes that graph, which PyTorch can do only where every tensor
     is an input (writing into a copy of a closed-over tensor is then a scatter too)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     count = len(examples) if cotangents is None else cotangents
     mode: Literal["real", "fake"] = "fake" if fake else "real"
     with torch.no_grad(), torch.autograd.forward_ad._set_fwd_grad_enabled(False):
@@ -600,8 +617,6 @@ def differentiated_as_traced(function: Callable[..., Any], *examples: torch.Tens
     makes linear must require grad (nothing computed under ``no_grad``, ``set_grad_enabled(False)``,
     ``inference_mode`` or ``@once_differentiable``), and nothing on the cotangent's path may be detached
     (``detach``, ``.data``). Where this fails, differentiating the function as written would not give the map."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     if _cotangent_stops(traced):
         return False
     count = traced.arguments
