@@ -151,13 +151,17 @@ def test_the_proof_is_made_again_for_another_shape():
         fn(torch.ones(3, requires_grad=True))
 
 
+@sgm.custom_gradient
+def _linear_of_module(x, m):
+    w = m.weight
+    return x @ w.t(), lambda ct: (ct @ w, None)
+
+
+@pytest.mark.skipif(Version(torch.__version__).release < (2, 13), reason="a module argument: the limit below")
 def test_a_module_passed_to_f_is_not_kept_alive_by_a_compiled_proof():
     """Issue 56: the compiled proof's key held f's non-tensor arguments, so a module passed to f lived on (+228 MiB
     for five modules of 32 MiB) until 256 newer proofs pushed its key out."""
-    @sgm.custom_gradient
-    def linear(x, m):
-        w = m.weight
-        return x @ w.t(), lambda ct: (ct @ w, None)
+    linear = _linear_of_module
 
     alive = []
     for _ in range(3):
@@ -169,6 +173,14 @@ def test_a_module_passed_to_f_is_not_kept_alive_by_a_compiled_proof():
         del m
     gc.collect()
     assert [ref() for ref in alive] == [None, None, None]
+
+
+@pytest.mark.skipif(Version(torch.__version__).release >= (2, 13), reason="Dynamo passes a module from 2.13")
+def test_before_torch_2_13_a_module_passed_to_f_is_refused_by_dynamo():
+    """torch 2.6's Dynamo cannot give the proof a module among f's arguments as a constant; close over it."""
+    x = torch.ones(2, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(Exception, match="is not a constant"):
+        compiled(lambda x, m: _linear_of_module(x, m))(x, torch.nn.Linear(4, 3, dtype=torch.float64))
 
 
 def test_dynamo_reset_drops_the_graphs_and_proofs_made_for_compiled_calls():

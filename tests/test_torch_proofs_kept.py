@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.autograd.forward_ad as forward_ad  # noqa: E402
+from packaging.version import Version  # noqa: E402
 from torch.fx.graph_module import _loader  # noqa: E402
 from torch_modes import MODES  # noqa: E402
 
@@ -306,6 +307,30 @@ def test_new_proofs_leave_nothing_in_pytorchs_caches_or_the_threads_context(monk
         torch.testing.assert_close(_gradient(scaled(1.0 + k), X), (1.0 + k) * torch.cos(X), rtol=0, atol=0)
     gc.collect()
     assert counts() == before
+
+
+@pytest.mark.parametrize("vjp", ["a product (the reverse fast path)", "not a product"])
+def test_in_anomaly_mode_a_new_proof_is_made_and_a_second_derivative_raises_the_guards_error(vjp):
+    """``set_detect_anomaly(True)``: the engine's check for NaN asked a fake tensor's value while the transpose was
+    traced, so the first call failed (GuardOnDataDependentSymNode); and the fast path's node had a ``name``
+    attribute shadowing the node's own method, which anomaly mode calls when a backward raises (TypeError in
+    place of the guard's LookupError). torch 2.6 loses the error of a hook on a Function's backward graph in
+    anomaly mode itself (a Function of PyTorch's alone does the same): its RuntimeError is the limit there."""
+    @sgm.custom_gradient
+    def f(x):
+        c = torch.cos(x)
+        return torch.sin(x), (lambda ct: ct * c) if vjp.startswith("a product") else (lambda ct: (ct * c).neg().neg())
+
+    with torch.autograd.set_detect_anomaly(True):
+        torch.testing.assert_close(_gradient(f, X), torch.cos(X), rtol=0, atol=0)
+        v = X.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(f(v).sum(), v, create_graph=True)
+        torch.testing.assert_close(g, torch.cos(X), rtol=0, atol=0)
+        pytorch_loses_it = Version(torch.__version__).release < (2, 13) and vjp.startswith("a product")
+        with pytest.raises(RuntimeError if pytorch_loses_it else LookupError,
+                           match="anomaly metadata" if pytorch_loses_it else "order=2"):
+            g.sum().backward()
+    assert not torch.is_anomaly_enabled()
 
 
 class Config:

@@ -804,7 +804,7 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     if order == 1:
         return (*call_f(f, leaves.with_values(stopped), kwargs), None)
-    if torch.compiler.is_compiling():  # the proof's graphs compute J from the arguments (``_Registered``)
+    if identity.compiling():  # the proof's graphs compute J from the arguments (``_Registered``)
         return (*call_f(f, leaves.with_values(stopped), kwargs), None)
     moving = [leaves.values[k] for k in leaves.differentiable]
     reverse = any(x.requires_grad for x in moving)  # (the watch's lost tensors matter to reverse mode alone)
@@ -883,7 +883,7 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
                  for x, g in zip(xs, gradients, strict=True)]
         return outputs.with_values({index: identity.attach(value, [t.reshape(value.shape) for t in terms])})
     # J held constant (order 1), eagerly (Dynamo before torch 2.8 cannot ask isinstance of its own function)
-    if order == 1 and not torch.compiler.is_compiling() and isinstance(transposed, _Transpose) \
+    if order == 1 and not identity.compiling() and isinstance(transposed, _Transpose) \
             and transposed.maps_tangents:
         ys = [outputs.values[k] for k in outputs.differentiable]
         duals = eager_fast_path.dual_of_map(ys, xs, transposed)
@@ -906,7 +906,7 @@ def differentiating(args: Sequence[Any]) -> bool:
     mode, a forward-mode level, a torch.func transform, a trace (make_fx's, an outer VJP's) or a compilation.
     Where none is, a decorated call is f's value alone, as a Function's forward without grad, and the VJP is not
     called; the identity form is fx."""
-    if torch.compiler.is_compiling() or second_derivative_guard.forward_mode_possible() \
+    if identity.compiling() or second_derivative_guard.forward_mode_possible() \
             or torch._C._len_torch_dispatch_stack():
         return True
     if not torch.is_grad_enabled():
@@ -923,7 +923,7 @@ def _proven_call(cotangents: _Cotangents, vjp: Callable[[Any], Any], kwargs: dic
     embedded gives the reason rather than raising."""
     f, leaves, outputs, names, order = (cotangents.f, cotangents.leaves, cotangents.outputs, cotangents.names,
                                         cotangents.order)
-    if torch.compiler.is_compiling():
+    if identity.compiling():
         proof = _proven_while_compiling(f, leaves, kwargs, outputs, names, order, falls_back=falls_back)
         if isinstance(proof, str):
             return proof
@@ -952,7 +952,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     if not outputs.differentiable:
         return y
     cotangents = _Cotangents(f, names, leaves, outputs, order)
-    compiling = torch.compiler.is_compiling()
+    compiling = identity.compiling()
     proof = _proven_call(cotangents, vjp, kwargs, watch, fallback is not None)
     if isinstance(proof, str):
         assert fallback is not None  # (a reason comes back only where there is one to take it)

@@ -272,7 +272,8 @@ class _ProductOfMap(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         if isinstance(c, torch.Tensor):  # as the ordinary ops' product saves it: an in-place change of it raises
             ctx.save_for_backward(c)
-        ctx.number, ctx.live, ctx.name = None if isinstance(c, torch.Tensor) else c, live, name
+        # (not ctx.name: that is the node's own method, which anomaly mode calls when a backward raises)
+        ctx.number, ctx.live, ctx.decorated = None if isinstance(c, torch.Tensor) else c, live, name
         return torch.sub(y, 0.0)
 
     @staticmethod
@@ -280,7 +281,7 @@ class _ProductOfMap(torch.autograd.Function):
         if cotangent is None:
             return None, None, None, None, None
         c = ctx.saved_tensors[0] if ctx.number is None else ctx.number  # a number as the product has it
-        gradient = second_derivative_guard.guarded(torch.mul(cotangent.neg(), c).neg(), ctx.live, ctx.name)
+        gradient = second_derivative_guard.guarded(torch.mul(cotangent.neg(), c).neg(), ctx.live, ctx.decorated)
         return cotangent, gradient, None, None, None
 
 

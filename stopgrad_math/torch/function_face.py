@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import bounded_cache
 from stopgrad_math.shared.linearity import Route
-from stopgrad_math.torch import decorator_form, second_derivative_guard
+from stopgrad_math.torch import decorator_form, identity, second_derivative_guard
 
 DIRTY = ("{name}.forward marks an argument dirty (ctx.mark_dirty): it changes its argument in place, which the "
          "decorator's f, a function of its arguments, may not")
@@ -254,7 +254,7 @@ def _route(cls: type[Function], args: tuple[Any, ...]) -> Route:
     signature fell back before; else embedded, which the call itself may still find it cannot be."""
     if cls._stopgrad_math_forward.marks_dirty:
         return Route(embedded=False, reason=DIRTY.format(name=cls.__name__))
-    if torch.compiler.is_compiling():
+    if identity.compiling():
         return _EMBEDDED
     key = _signature(cls, args)
     known = None if key is None else _FALLBACKS.get(key)
@@ -272,7 +272,7 @@ def _applied(cls: type[Function], args: tuple[Any, ...], route: Route) -> Any:
         return _fallen_back(cls, args, route)
 
     def fallback(reason: str) -> Any:
-        if torch.compiler.is_compiling():  # (the cache is Python state, which Dynamo would trace)
+        if identity.compiling():  # (the cache is Python state, which Dynamo would trace)
             return _fallen_back(cls, args, Route(embedded=False, reason=reason))
         return _fallen_back(cls, args, _remembered(cls, args, reason))
 
@@ -283,7 +283,7 @@ def _fallen_back(cls: type[Function], args: tuple[Any, ...], route: Route) -> An
     """The call run by a ``torch.autograd.Function`` of the class's methods: PyTorch's reverse mode; forward mode
     raises, naming ``route.reason``."""
     compiled, eager = cls._stopgrad_math_fallbacks
-    if torch.compiler.is_compiling():
+    if identity.compiling():
         return compiled.apply(*args)  # type: ignore[no-untyped-call]
     if second_derivative_guard.in_transform() and not _has_setup_context(cls):
         raise RuntimeError(f"{cls.__name__} runs as a torch.autograd.Function here, since stopgrad_math cannot embed "
@@ -376,7 +376,7 @@ def _backward(cls: type[Function], ctx: FunctionContext, several: bool, count: i
     """The VJP: the backward with the forward's ctx. Eagerly it closes over the ctx's parts, rebuilt at each call
     (``_context_of``), so that the decorator keeps its proof by signature; under torch.compile, which proves f
     anew as it traces, over the ctx itself (Dynamo before torch 2.8 cannot read an object's ``vars``)."""
-    if torch.compiler.is_compiling():
+    if identity.compiling():
         def vjp_of_ctx(cotangents: Any) -> tuple[Any, ...]:
             grads = cls.backward(ctx, *(cotangents if several else (cotangents,)))
             return (*_input_grads(cls, grads, count), None)

@@ -62,11 +62,28 @@ def finite(t: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(t) if t.is_complex() else t.abs() < math.inf
 
 
+_COMPILE_LOCK = torch._dynamo.convert_frame.compile_lock  # Dynamo compiles under it, one thread at a time
+
+
+@torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
+def _this_thread_compiles() -> bool:
+    """Whether this thread holds Dynamo's compile lock: asked at trace time, a constant of the graph."""
+    return bool(_COMPILE_LOCK._is_owned())  # type: ignore[attr-defined]
+
+
+def compiling() -> bool:
+    """Whether Dynamo traces this call, on this thread. ``torch.compiler.is_compiling()`` alone is a flag of the
+    process, true in every thread while any one compiles: an eager call in another thread then took the
+    compiled path (a second derivative raised PyTorch's error rather than the guard's, a proof was not kept).
+    Dynamo compiles holding its compile lock, so this asks that too; in code Dynamo traces both are constants."""
+    return torch.compiler.is_compiling() and _this_thread_compiles()
+
+
 def plainly_eager() -> bool:
     """Whether ops run now on plain tensors, eagerly, and nothing records what a value decides: no compilation,
     ``torch.jit`` trace, torch.func transform, dispatch mode (``make_fx``, fake tensors) or torch function mode.
     Only there may a branch on a tensor's elements choose the ops (a trace would bake the branch in)."""
-    return not (torch.compiler.is_compiling() or torch._C._get_tracing_state() or retrieve_all_functorch_interpreters()
+    return not (compiling() or torch._C._get_tracing_state() or retrieve_all_functorch_interpreters()
                 or torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack())
 
 

@@ -35,7 +35,7 @@ def _checked(fx: torch.Tensor, label: str, g: Any, x: Any) -> tuple[Layout, torc
         layout = Layout.ELEMENTWISE
     else:
         layout = layouts.candidates(label, tuple(fx.shape), tuple(x.shape), tuple(g.shape),
-                                    cached=not torch.compiler.is_compiling()).layouts[0]
+                                    cached=not identity.compiling()).layouts[0]
     return layout, g if g.dtype == fx.dtype else g.to(fx.dtype), x
 
 
@@ -160,10 +160,10 @@ def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False
     if not fx_gx_manually_stopped:
         fx = identity.stop(fx)
         planned = [(label, layout, identity.stop(g), leaf) for label, layout, g, leaf in planned]
-        fast = (compiled_fast_path.identity if torch.compiler.is_compiling() else eager_fast_path.finite_identity)(
+        fast = (compiled_fast_path.identity if identity.compiling() else eager_fast_path.finite_identity)(
             fx, planned)
         if fast is not None:
             return fast
-    elif not stopped_by_caller and not torch.compiler.is_compiling():
+    elif not stopped_by_caller and not identity.compiling():
         _check_held_apart(fx, planned)
     return identity.attach(fx, [identity.zero_term(layout, fx, leaf, g) for _, layout, g, leaf in planned])

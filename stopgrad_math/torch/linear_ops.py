@@ -321,13 +321,35 @@ def judge(graph: fx.Graph, cotangents: int, zeros: frozenset[int] = frozenset())
     return walk.states_in(graph.output_node().args[0])
 
 
+class _TracingOnThisThread:
+    """FX's flag "a symbolic trace is running" (``torch.fx._symbolic_trace._is_fx_tracing_flag``), a global of
+    the process before torch 2.14, as true on the thread that traces alone. While the flag is set, PyTorch refuses every call of a
+    compiled function ("using FX to symbolically trace a dynamo-optimized function"): with it true everywhere,
+    another thread's compiled calls raised while a VJP was traced here (80% of them, with new proofs made)."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
+    def __bool__(self) -> bool:
+        return threading.get_ident() == self.thread
+
+
 def make_fx(function: Callable[..., Any], **options: Any) -> Callable[..., fx.GraphModule]:
     """PyTorch's ``make_fx``, its trace run in a copy of the thread's context: each trace enters config patches
     that leave a context variable set in the thread's context for good (``ConfigModule.patch`` makes a new one
-    each time, torch 2.13), so a trace at every call, or a proof per new signature, would grow it forever."""
+    each time, torch 2.13), so a trace at every call, or a proof per new signature, would grow it forever. FX's
+    flag of a running trace, which the trace sets and then restores, is true on this thread alone while it runs
+    (``_TracingOnThisThread``)."""
+    from torch.fx import _symbolic_trace
     from torch.fx.experimental.proxy_tensor import make_fx as make_fx_of_torch
 
-    trace = make_fx_of_torch(function, **options)
+    def on_this_thread(*args: Any) -> Any:
+        # (set by this trace, restored by it when it ends; from torch 2.14 a thread's own, and named otherwise)
+        if getattr(_symbolic_trace, "_is_fx_tracing_flag", None) is True:
+            _symbolic_trace._is_fx_tracing_flag = _TracingOnThisThread()  # type: ignore[assignment]
+        return function(*args)
+
+    trace = make_fx_of_torch(on_this_thread, **options)
     return lambda *args: contextvars.copy_context().run(trace, *args)
 
 
@@ -344,7 +366,7 @@ def exclusive() -> Any:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.graph_module import _loader
 
-    with _TRACING:
+    with _TRACING, _anomaly_mode_off():
         outermost = _depth.value == 0
         before = set(_loader.eval_cache) if outermost else set()
         dispatched = len(FakeTensorMode.cache)
@@ -360,6 +382,22 @@ def exclusive() -> Any:
                 # (a dict keeps its order: the entries added since, some perhaps a compiling thread's, a cache's)
                 for key in list(itertools.islice(FakeTensorMode.cache, dispatched, None)):
                     FakeTensorMode.cache.pop(key, None)
+
+
+@contextlib.contextmanager
+def _anomaly_mode_off() -> Any:
+    """Anomaly mode off while a trace runs, where it is on (``torch.autograd.set_detect_anomaly``, a setting of the
+    process): its check for NaN in each gradient the autograd engine computes (a pullback traced by make_fx)
+    asks a fake tensor's value, which fails the trace, so in anomaly mode no new VJP could be proven."""
+    if not torch.is_anomaly_enabled():
+        yield
+        return
+    checks_nan = torch.is_anomaly_check_nan_enabled()
+    torch.autograd.set_detect_anomaly(False)
+    try:
+        yield
+    finally:
+        torch.autograd.set_detect_anomaly(True, check_nan=checks_nan)
 
 
 class _Depth(threading.local):

@@ -34,7 +34,7 @@ from torch._C._functorch import TransformType, get_unwrapped, is_functorch_wrapp
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 from stopgrad_math.shared.arguments import BEYOND_ORDER
-from stopgrad_math.torch.identity import zero_with_slope
+from stopgrad_math.torch.identity import compiling, zero_with_slope
 
 _DIFFERENTIATING = (TransformType.Grad, TransformType.Jvp)
 
@@ -113,7 +113,7 @@ def hooked(x: torch.Tensor, stopped: list[torch.Tensor], name: str) -> torch.Ten
     derivative of it that reaches them, and so would miss J's own dependence on them, runs that term's hook,
     which raises. A derivative w.r.t. anything else (a gradient penalty's weights outside f) is exact, and runs
     nothing of it."""
-    if not x.requires_grad or torch.compiler.is_compiling() or in_transform():
+    if not x.requires_grad or compiling() or in_transform():
         return x
     v = x.view_as(x)
     live = live_of(x, stopped)
