@@ -386,22 +386,47 @@ def _scaled(x, w):
     return x * w, lambda ct: (ct * w, None)
 
 
-@pytest.mark.parametrize("mode", ["backward", "forward_ad"])
+SELECTS_LEFT_OUT_MODES = ["backward", "forward_ad", "func.vjp", "func.jvp", "func.vmap(func.vjp)"]
+"""Where the selects are left out for finite values: eagerly, and under torch.func (issue 56), whose transforms run
+each op as it comes, so the elements the wrappers hold are asked."""
+
+
+def _value_and_derivative(mode, fn, x0, w, c):
+    """fn(x, w)'s value at x0 and its derivative w.r.t. x applied to c (a cotangent, or a tangent), in ``mode``;
+    under vmap, four samples of a quarter of the grid each."""
+    if mode == "backward":
+        x = x0.clone().requires_grad_(True)
+        out = fn(x, w)
+        return out.detach(), torch.autograd.grad(out, x, c)[0]
+    if mode == "forward_ad":
+        with forward_ad.dual_level():
+            return tuple(forward_ad.unpack_dual(fn(forward_ad.make_dual(x0, c), w)))
+    if mode == "func.vjp":
+        out, pullback = torch.func.vjp(lambda x: fn(x, w), x0)
+        return out, pullback(c)[0]
+    if mode == "func.jvp":
+        return torch.func.jvp(lambda x: fn(x, w), (x0,), (c,))
+    x0, w, c = (t.reshape(4, -1) for t in (x0, w, c))
+    out, derivative = torch.func.vmap(lambda x, w, c: (lambda o, p: (o, p(c)[0]))(
+        *torch.func.vjp(lambda v: fn(v, w), x)))(x0, w, c)
+    return out.reshape(-1), derivative.reshape(-1)
+
+
+@pytest.mark.parametrize("mode", SELECTS_LEFT_OUT_MODES)
 def test_the_decorators_selects_left_out_for_finite_values_change_no_bit(mode, monkeypatch):
-    """Eagerly, where x and J·v are finite, the selects that keep +0.0 at a non-finite element are left out (they
-    would pass every value and derivative as they are): the same bits as with them, over the grid's weights and
+    """Where x and J·v are finite, the selects that keep +0.0 at a non-finite element are left out (they would
+    pass every value and derivative as they are): the same bits as with them, over the grid's weights and
     cotangents or tangents."""
     x0, w, c = grid(torch.float64)
 
     def run():
-        if mode == "backward":
-            x = x0.clone().requires_grad_(True)
-            out = _scaled(x, w)
-            return out.detach(), torch.autograd.grad(out, x, c)[0]
-        with forward_ad.dual_level():
-            return tuple(forward_ad.unpack_dual(_scaled(forward_ad.make_dual(x0, c), w)))
+        return _value_and_derivative(mode, _scaled, x0, w, c)
 
+    carried = []
+    original = identity.carried_zero
+    monkeypatch.setattr(identity, "carried_zero", lambda a: carried.append(a) or original(a))
     shortened = run()
+    assert carried == []  # (left out, in every mode here)
     monkeypatch.setattr(identity, "all_finite", lambda *tensors: False)
     for got, want in zip(shortened, run(), strict=True):
         same_bits(got, want)
@@ -419,21 +444,19 @@ def test_a_jit_trace_records_the_ordinary_ops_so_a_later_inf_keeps_its_meaning()
     assert x.grad.tolist() == [2.0, math.inf, 3.0]
 
 
-@pytest.mark.parametrize("mode", ["backward", "forward_ad"])
-def test_where_the_fast_path_is_not_taken_the_selects_left_out_change_no_bit(mode):
-    """bfloat16 (no fast path) with finite x: the ordinary ops without the select that keeps +0.0 at a non-finite
-    x, against them with it, over the grid."""
-    x0, g, c = (t.to(torch.bfloat16) for t in grid(torch.float32))
-    fx = torch.zeros_like(x0)
+@pytest.mark.parametrize("mode", SELECTS_LEFT_OUT_MODES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_where_the_fast_path_is_not_taken_the_selects_left_out_change_no_bit(mode, dtype):
+    """The identity form with finite x where its fast path is not taken (bfloat16; any dtype under torch.func):
+    the ordinary ops without the select that keeps +0.0 at a non-finite x, against them with it, over the
+    grid."""
+    x0, g, c = (t.to(dtype) for t in grid(torch.float32))
 
     def run(embed):
         if mode == "backward":
             x = x0.clone().requires_grad_(True)
-            out = embed(fx, g, x)
-            assert type(out.grad_fn).__name__ != FAST
-            return out.detach(), torch.autograd.grad(out, x, c)[0]
-        with forward_ad.dual_level():
-            return tuple(forward_ad.unpack_dual(embed(fx, g, forward_ad.make_dual(x0, c))))
+            assert type(embed(torch.zeros_like(x), g, x).grad_fn).__name__ != FAST or dtype != torch.bfloat16
+        return _value_and_derivative(mode, lambda x, g: embed(torch.zeros_like(x), g, x), x0, g, c)
 
     for got, want in zip(run(sgm.custom_gradient), run(ordinary), strict=True):
         same_bits(got, want)

@@ -24,6 +24,7 @@ import math
 from typing import Any
 
 import torch
+from torch._C._functorch import get_unwrapped, is_functorch_wrapped_tensor
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 from stopgrad_math.shared.layouts import Layout
@@ -95,10 +96,18 @@ def all_finite(*tensors: torch.Tensor) -> bool:
 
 
 def _eagerly_finite(t: torch.Tensor) -> bool:
-    """Whether t is a plain real tensor of finite elements in a plainly eager call: there a select that keeps
-    +0.0 for non-finite elements is the identity on values and derivatives, and can be left out."""
-    return (type(t) is torch.Tensor and t.dtype.is_floating_point and t.layout == torch.strided and plainly_eager()
-            and all_finite(t))
+    """Whether t is a plain real tensor of finite elements in a call that runs eagerly, under torch.func
+    transforms or none (``plainly_eager`` but for the transforms, which run each op as it comes and record no
+    branch): there a select that keeps +0.0 for non-finite elements is the identity on values and derivatives,
+    and can be left out. Under a transform the elements asked are those of the tensor the wrappers hold (under
+    vmap, every sample's)."""
+    if not (type(t) is torch.Tensor and t.dtype.is_floating_point and t.layout == torch.strided) or compiling() \
+            or torch._C._get_tracing_state() or torch._C._len_torch_dispatch_stack() \
+            or torch._C._len_torch_function_stack():
+        return False
+    while is_functorch_wrapped_tensor(t):
+        t = get_unwrapped(t)
+    return t.layout == torch.strided and all_finite(t)
 
 
 def zero_with_slope(x: torch.Tensor, slope_is_negative: bool) -> torch.Tensor:

@@ -323,9 +323,9 @@ def judge(graph: fx.Graph, cotangents: int, zeros: frozenset[int] = frozenset())
 
 class _TracingOnThisThread:
     """FX's flag "a symbolic trace is running" (``torch.fx._symbolic_trace._is_fx_tracing_flag``), a global of
-    the process before torch 2.14, as true on the thread that traces alone. While the flag is set, PyTorch refuses every call of a
-    compiled function ("using FX to symbolically trace a dynamo-optimized function"): with it true everywhere,
-    another thread's compiled calls raised while a VJP was traced here (80% of them, with new proofs made)."""
+    the process before torch 2.14, as true on the thread that traces alone. While the flag is set, PyTorch
+    refuses every call of a compiled function ("using FX to symbolically trace a dynamo-optimized function"):
+    with it true everywhere, another thread's compiled calls raised while a VJP was traced here."""
 
     def __init__(self) -> None:
         self.thread = threading.get_ident()
