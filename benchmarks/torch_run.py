@@ -331,14 +331,16 @@ def _time(seconds: float) -> str:
 
 def markdown(rows: list[dict], device: str, batch: int = 0, width: int = 0) -> str:
     sizes = sorted({row["n"] for row in rows if row["phase"] in PHASES and row["phase"] != JACFWD})
-    lines = [f"# PyTorch: log1pexp eagerly and compiled, {device}", "",
+    lines = [f"# PyTorch: log1pexp eagerly, compiled and under torch.func, {device}", "",
              f"torch {torch.__version__}. Median seconds of calls; ratio to `{ANCHOR}` as the median over blocks of "
              "interleaved calls, with its range over the blocks (run-to-run noise). Compiled: log1pexp under "
              "`torch.compile(fullgraph=True)`, its backward compiled by AOTAutograd, the anchor without its `jvp` "
-             "(which `torch.compile` refuses).", ""]
+             "(which `torch.compile` refuses). Under torch.func the anchor has `setup_context`, a `jvp` and a "
+             "generated vmap rule, which torch.func asks of a Function.", ""]
     for phase in [p for p in PHASES if any(r["phase"] == p for r in rows)]:
         phase_sizes = [JACOBIAN_SIZE] if phase == JACFWD else sizes
-        lines += [f"## {phase}", "", "| implementation | " + " | ".join(f"n = {n:.0e}" for n in phase_sizes) + " |",
+        columns = [f"n = {n}" if phase == JACFWD else f"n = {n:.0e}" for n in phase_sizes]
+        lines += [f"## {phase}", "", "| implementation | " + " | ".join(columns) + " |",
                   "|---|" + "---|" * len(phase_sizes)]
         for name in implementations(phase):
             cells = [next(_cell_text(r) for r in rows
