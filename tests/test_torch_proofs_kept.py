@@ -16,11 +16,11 @@ torch = pytest.importorskip("torch")
 import torch.autograd.forward_ad as forward_ad  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from torch.fx.graph_module import _loader  # noqa: E402
-from torch_modes import MODES  # noqa: E402
+from torch_modes import MODES, counted_traces  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
 from stopgrad_math.shared import bounded_cache  # noqa: E402
-from stopgrad_math.torch import decorator_form, linear_ops  # noqa: E402
+from stopgrad_math.torch import decorator_form  # noqa: E402
 
 X = torch.tensor([0.4, -1.3, 2.2, 0.9], dtype=torch.float64)
 SCALE = 3.0  # a global a VJP reads: reassigning it must make a new proof
@@ -34,15 +34,7 @@ def _fresh_proofs(monkeypatch):
 @pytest.fixture
 def traces(monkeypatch):
     """The number of VJP traces made (each proof, or each call traced anew)."""
-    count = [0]
-    original = linear_ops.trace
-
-    def counted(*args, **kwargs):
-        count[0] += 1
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(linear_ops, "trace", counted)
-    return count
+    return counted_traces(monkeypatch)
 
 
 def _scaled_sin(scale):

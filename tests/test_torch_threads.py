@@ -9,9 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_modes import counted_traces  # noqa: E402
+
 import stopgrad_math.torch as sgm  # noqa: E402
 from stopgrad_math.shared import bounded_cache  # noqa: E402
-from stopgrad_math.torch import decorator_form, linear_ops  # noqa: E402
+from stopgrad_math.torch import decorator_form  # noqa: E402
 
 X = torch.tensor([0.4, -1.3, 2.2, 0.9], dtype=torch.float64)
 DYNAMO_MARKS_ITS_COMPILATIONS = hasattr(torch.compiler, "_compile_session_context")
@@ -49,14 +51,7 @@ def _second_derivative_raises_the_guards_error(x):
 def test_an_eager_call_while_another_thread_compiles_is_eager(monkeypatch):
     """Dynamo's "compiling" flag, set here as a compilation in another thread sets it for the whole process: the
     eager call keeps its guard, its kept proofs, eagerly and under torch.func, and its exact gradient."""
-    traces = [0]
-    original = linear_ops.trace
-
-    def counted(*args, **kwargs):
-        traces[0] += 1
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(linear_ops, "trace", counted)
+    traces = counted_traces(monkeypatch)
     monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
     assert torch.compiler.is_compiling()  # what every thread reads while one compiles
     for x in (X, 2.0 * X):

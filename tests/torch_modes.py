@@ -59,6 +59,22 @@ def ours(error: BaseException, kind: type[BaseException]) -> BaseException:
     return error
 
 
+def counted_traces(monkeypatch):
+    """A one-item list counting the VJP traces the decorator makes from now on (each proof, or each call traced
+    anew)."""
+    from stopgrad_math.torch import linear_ops
+
+    count = [0]
+    original = linear_ops.trace
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(linear_ops, "trace", counted)
+    return count
+
+
 def fresh_compilation(monkeypatch):
     """Dynamo reset, and the decorator's proofs made while compiling forgotten: a test compiles and proves anew,
     with whatever it patches in place."""
