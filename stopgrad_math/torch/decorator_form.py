@@ -537,6 +537,8 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
 
 
 _PROVEN_WHILE_COMPILING: bounded_cache.BoundedCache[tuple[int, ...]] = bounded_cache.BoundedCache(PROOFS_KEPT)
+_REFUSED = -3  # a proof's first number where the VJP cannot be embedded and the call falls back
+_REFUSALS: list[str] = []  # their reasons, one per compilation that fell back
 
 
 def _held_weakly(value: Any) -> Any:
@@ -564,8 +566,6 @@ def _forget_what_dynamo_forgot() -> None:
     for table in (_PROVEN_WHILE_COMPILING, _COMPILED, _NAMES, _READS, _REFUSALS):  # (a reader goes with its f)
         table.clear()
     handler.register_start_callback(_dynamo_has_not_reset)
-_REFUSED = -3  # a proof's first number where the VJP cannot be embedded and the call falls back
-_REFUSALS: list[str] = []  # their reasons, one per compilation that fell back
 
 
 def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any, tensors: tuple[int, ...],

@@ -80,12 +80,18 @@ def compiling() -> bool:
     return torch.compiler.is_compiling() and _this_thread_compiles()
 
 
+def _recorded() -> bool:
+    """Whether something records the ops run now, which would bake in a branch on a value: a compilation (first:
+    Dynamo folds it, and traces none of the others), a ``torch.jit`` trace, a dispatch mode (``make_fx``, fake
+    tensors) or a torch function mode."""
+    return bool(compiling() or torch._C._get_tracing_state() or torch._C._len_torch_dispatch_stack()
+                or torch._C._len_torch_function_stack())
+
+
 def plainly_eager() -> bool:
-    """Whether ops run now on plain tensors, eagerly, and nothing records what a value decides: no compilation,
-    ``torch.jit`` trace, torch.func transform, dispatch mode (``make_fx``, fake tensors) or torch function mode.
-    Only there may a branch on a tensor's elements choose the ops (a trace would bake the branch in)."""
-    return not (compiling() or torch._C._get_tracing_state() or retrieve_all_functorch_interpreters()
-                or torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack())
+    """Whether ops run now on plain tensors, eagerly, and nothing records what a value decides (``_recorded``)
+    and no torch.func transform wraps them. Only there may a branch on a tensor's elements choose the ops."""
+    return not (_recorded() or retrieve_all_functorch_interpreters())
 
 
 def all_finite(*tensors: torch.Tensor) -> bool:
@@ -101,9 +107,7 @@ def _eagerly_finite(t: torch.Tensor) -> bool:
     branch): there a select that keeps +0.0 for non-finite elements is the identity on values and derivatives,
     and can be left out. Under a transform the elements asked are those of the tensor the wrappers hold (under
     vmap, every sample's)."""
-    if not (type(t) is torch.Tensor and t.dtype.is_floating_point and t.layout == torch.strided) or compiling() \
-            or torch._C._get_tracing_state() or torch._C._len_torch_dispatch_stack() \
-            or torch._C._len_torch_function_stack():
+    if not (type(t) is torch.Tensor and t.dtype.is_floating_point and t.layout == torch.strided) or _recorded():
         return False
     while is_functorch_wrapped_tensor(t):
         t = get_unwrapped(t)

@@ -369,7 +369,7 @@ def exclusive() -> Any:
     with _TRACING, _anomaly_mode_off():
         outermost = _depth.value == 0
         before = set(_loader.eval_cache) if outermost else set()
-        dispatched = len(FakeTensorMode.cache)
+        dispatched = len(FakeTensorMode.cache) if outermost else 0
         _depth.value += 1
         try:
             yield
