@@ -119,6 +119,11 @@ def _proves_nothing_while_compiling(original):
     return lambda f, leaves, kwargs, outputs, names, order, **options: (list(leaves.differentiable), None, None)
 
 
+def _holds_everywhere(original):
+    """The compiled proof for any size taken at every size, whatever branches its trace took on sizes."""
+    return lambda number, tensors: True
+
+
 def _compiled_as_written(original):
     """Under torch.compile the VJP differentiated as Dynamo traces it, its proven map and transpose dropped: a VJP
     under no_grad is embedded without its derivative (a silent 0)."""
@@ -849,6 +854,10 @@ MUTANTS = {
     "the PyTorch decorator proves nothing under torch.compile": Mutant(
         "stopgrad_math.torch.decorator_form", "_proven_while_compiling", _proves_nothing_while_compiling,
         ("tests/test_torch_decorator_compiled.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),
+    "the compiled PyTorch proof for any size holds at every size": Mutant(
+        "stopgrad_math.torch.size_conditions", "holds", _holds_everywhere,
+        ("tests/test_torch_decorator_compiled.py::"
+         "test_a_vjp_that_is_linear_at_some_sizes_alone_is_refused_at_the_others_when_compiled",)),
     "the compiled PyTorch decorator reads a weight from outside f once": Mutant(
         "stopgrad_math.shared.outside_reads", "reader", _outside_tensors_read_once,
         ("tests/test_torch_vjp_as_backward.py::test_under_torch_compile_a_vjp_written_as_a_backward_reading_an_"

@@ -379,3 +379,45 @@ def test_mark_dirty_falls_back_to_the_function_exact_in_reverse_mode_and_forward
     assert not ours.route(torch.ones(2)).embedded and "mark_dirty" in ours.route(torch.ones(2)).reason
     with torch.autograd.forward_ad.dual_level(), pytest.raises(RuntimeError, match="mark_dirty"):
         ours.apply(torch.autograd.forward_ad.make_dual(torch.ones(2), torch.ones(2)) * 1.0)
+
+
+class AbsOfGradient(torch.autograd.Function):
+    """A backward that is not linear in its cotangent (``abs``): stopgrad_math.torch.Function cannot embed it, so
+    the class runs as a torch.autograd.Function, with and without setup_context."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.abs()
+
+
+def test_a_fallback_under_a_transform_in_a_compiled_function_raises_where_pytorch_drops_the_backward():
+    """Compiled, PyTorch differentiates a Function's forward inside torch.func.grad and drops its backward
+    (pytorch#193279): the Function itself gives clone's gradient w there, where eagerly (the truth, its rule) it
+    gives |w|. A class that falls back to PyTorch's mechanism there raises, naming the issue; eagerly it gives |w|;
+    compiled without a transform, reverse mode is PyTorch's rule."""
+    w = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    x = torch.tensor([0.5, 0.25, -1.0], dtype=torch.float64)
+    ours = ported(AbsOfGradient)
+    assert not ours.route(x).embedded
+
+    def grad_of(apply):
+        return torch.func.grad(lambda x: (apply(x) * w).sum())
+
+    assert torch.equal(grad_of(AbsOfGradient.apply)(x), w.abs())
+    assert torch.equal(torch.compile(grad_of(AbsOfGradient.apply), fullgraph=True)(x), w)  # PyTorch's drop
+    assert torch.equal(grad_of(ours.apply)(x), w.abs())
+    with pytest.raises(Exception, match="193279"):
+        torch.compile(grad_of(ours.apply), fullgraph=True, backend="aot_eager")(x)
+    moving = x.clone().requires_grad_(True)
+    (torch.compile(ours.apply, fullgraph=True, backend="aot_eager")(moving) * w).sum().backward()
+    assert torch.equal(moving.grad, w.abs())

@@ -62,7 +62,15 @@ from stopgrad_math.shared import bounded_cache, closure_key, function_identity, 
 from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.shared.linearity import Judged, NotEmbeddable
-from stopgrad_math.torch import eager_fast_path, identity, linear_ops, second_derivative_guard, unrecorded, vjp_closure
+from stopgrad_math.torch import (
+    eager_fast_path,
+    identity,
+    linear_ops,
+    second_derivative_guard,
+    size_conditions,
+    unrecorded,
+    vjp_closure,
+)
 from stopgrad_math.torch.vjp_conventions import Leaves, answer_of, argument_cotangents, stand_in, structure_key
 
 # ---------------------------------------------------------------- the VJP, traced and proven linear
@@ -439,19 +447,35 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
     flat = pytree.tree_leaves(nest)
     skeleton = pytree.tree_map(lambda v: None, nest)
     tensors = tuple(k for k, v in enumerate(flat) if isinstance(v, torch.Tensor))
+    # f's Python floats, symbols in the proof for any size: Dynamo keeps one that changed between calls as a
+    # symbol, no constant to give a proof, and shows it as a float like any other. (An int is given as it is: one
+    # is a dim or a count as often as a number, which a symbol would make a proof per size.)
+    numbers = tuple(k for k, v in enumerate(flat) if type(v) is float)
     order = 1 if order == 1 else 2  # a constant: with dynamic=True Dynamo takes a closed-over int for an input
-    key, *kept = _stopgrad_math_proof(f, tuple(names), order, falls_back, skeleton, tensors,
-                                      tuple(_shape_of(t, False) for t in outputs.tensors()),
-                                      *[_shape_of(v, False) if isinstance(v, torch.Tensor) else v for v in flat])
-    if key == _PER_SIZE:
-        key, *kept = _stopgrad_math_proof(f, tuple(names), order, falls_back, skeleton, tensors,
-                                          tuple(_shape_of(t, True) for t in outputs.tensors()),
-                                          *[_shape_of(v, True) if isinstance(v, torch.Tensor) else v for v in flat])
+    key, condition, *kept = _stopgrad_math_proof(
+        f, tuple(names), order, falls_back, skeleton, tensors, numbers,
+        tuple(_shape_of(t, False) for t in outputs.tensors()),
+        *[_shape_of(v, False) if isinstance(v, torch.Tensor) else _kind_of(v) if k in numbers else v
+          for k, v in enumerate(flat)])
+    # the sizes and numbers where the proof for any size holds, given as it was traced on them: cotangents as the
+    # compiled call makes them (contiguous zeros), then f's argument tensors and numbers. Elsewhere the proof is
+    # for this call's sizes alone (the numbers still symbols: Dynamo cannot make one a constant again)
+    traced_on = [*_zeros_like(outputs.tensors()), *(flat[k] for k in tensors), *(flat[k] for k in numbers)]
+    if key == _PER_SIZE or not size_conditions.holds(condition, traced_on):
+        key, condition, *kept = _stopgrad_math_proof(
+            f, tuple(names), order, falls_back, skeleton, tensors, numbers,
+            tuple(_shape_of(t, True) for t in outputs.tensors()),
+            *[_shape_of(v, True) if isinstance(v, torch.Tensor) else _kind_of(v) if k in numbers else v
+              for k, v in enumerate(flat)])
+        if key != _REFUSED and not size_conditions.holds(condition, traced_on):
+            if falls_back:
+                return _BRANCH_ON_A_FLOAT.format(name=name_of(f))
+            refuse(_BRANCH_ON_A_FLOAT.format(name=name_of(f)))
     if key == _REFUSED:
         return _REFUSALS[int(kept[0])]
     if key < 0:
         return kept, None, None
-    given = [identity.stop(flat[k]) if order == 1 else flat[k] for k in tensors]
+    given = [*(identity.stop(flat[k]) if order == 1 else flat[k] for k in tensors), *(flat[k] for k in numbers)]
     reader = _stopgrad_math_reader(f, key)
     if reader:  # the tensors from outside, read as f reads them
         given += [identity.stop(t) if order == 1 else t for t in getattr(_READERS, reader)(*flat)]
@@ -459,6 +483,26 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
         return kept, _Registered(key, given), None
     return (kept, lambda *cts: list(_run_compiled(key, *cts, *given)),
             lambda *vs: list(_run_compiled(key + 1, *vs, *given)))
+
+
+_BRANCH_ON_A_FLOAT = (
+    "{name} or its vjp branches on the value of a Python float argument that torch.compile keeps as a symbol (it "
+    "changed between calls), and took another branch at the value the decorator proves for any float than it "
+    "takes at this call's. Pass the float as a tensor, or have Dynamo specialize floats "
+    "(torch._dynamo.config.specialize_float = True), as it did before the value changed.")
+
+
+@torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
+def refuse(message: str) -> None:
+    """Raises NotEmbeddable while Dynamo compiles, as a proof does: Dynamo runs this as it traces, so that the error
+    leaves the compilation as it is (raised in the code Dynamo traces, it would be a graph break, and the call run
+    again in pieces)."""
+    raise NotEmbeddable(message)
+
+
+def _kind_of(number: Any) -> str:
+    """A number of f's arguments, as the proof for any number is given it: its kind."""
+    return "float" if type(number) is float else "int"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,19 +519,29 @@ class _Registered:
 
 @dataclasses.dataclass(frozen=True)
 class _KeyedMaps:
-    """``identity.mapped_zero``'s maps from the graphs at ``key``, inside a compiled graph (``_run_mapped_zero``)."""
+    """``identity.mapped_zero``'s maps from the graphs at ``key``, inside a compiled graph (``_run_mapped_zero``);
+    ``numbers``: the Python numbers among the graphs' inputs, by position, which a Function carries beside its
+    tensor inputs."""
 
     key: int
+    numbers: tuple[tuple[int, Any], ...] = ()
 
     def zeros(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.zeros_like(p) for p in _COMPILED[self.key + 1](*vs, *constants)]  # (a dead J·v: DCE'd)
+        return [torch.zeros_like(p) for p in _COMPILED[self.key + 1](*vs, *self._with_numbers(constants))]  # (dead
+        # J·v: DCE'd)
 
     def linear(self, cts: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
-        return list(_COMPILED[self.key](*cts, *constants))
+        return list(_COMPILED[self.key](*cts, *self._with_numbers(constants)))
 
     def transposed(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
         second_derivative_guard.check_forward_over_forward(_NAMES.get(self.key, "f"))
-        return list(_COMPILED[self.key + 1](*vs, *constants))
+        return list(_COMPILED[self.key + 1](*vs, *self._with_numbers(constants)))
+
+    def _with_numbers(self, tensors: list[torch.Tensor]) -> list[Any]:
+        given: list[Any] = list(tensors)
+        for k, number in self.numbers:
+            given.insert(k, number)
+        return given
 
 
 _NAMES: dict[int, str] = {}  # the decorated function's name at each key of ``_COMPILED``, for its messages
@@ -498,17 +552,21 @@ def _run_mapped_zero(key: int, count: int, *tensors: torch.Tensor) -> tuple[torc
     """``identity.mapped_zero`` of the graphs at ``key`` on the ``count`` zeros v and then the tensors they read,
     in a compiled graph: Dynamo keeps the call (it traces no Function with a jvp), and AOTAutograd traces the
     Function and its derivatives in every mode."""
-    return tuple(identity.mapped_zero(_KeyedMaps(key), list(tensors[:count]), list(tensors[count:])))
+    constants = tensors[count:]
+    numbers = tuple((k, c) for k, c in enumerate(constants) if not isinstance(c, torch.Tensor))
+    return tuple(identity.mapped_zero(_KeyedMaps(key, numbers), list(tensors[:count]),
+                                      [c for c in constants if isinstance(c, torch.Tensor)]))
 
 
 @torch._dynamo.assume_constant_result  # type: ignore[untyped-decorator]
 def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: int, falls_back: bool, skeleton: Any,
-                         tensors: tuple[int, ...], cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
+                         tensors: tuple[int, ...], numbers: tuple[int, ...], cotangents: tuple[Any, ...],
+                         *flat: Any) -> tuple[int, ...]:
     """``_proof_for_any_size`` (shapes of their rank alone) or ``_proof_of_f``, made once for f's key
     (``vjp_closure.keyed``: its code, closure and globals) and what it is given: a decorated function called at
     several places of one compiled program is proven once. Its name is Dynamo's for the constant it keeps in the
     globals of the compiled function (torch 2.6 to 2.13), where it should meet nothing of the user's.
-    ``falls_back``: a ``NotEmbeddable`` comes back as ``(_REFUSED, k)``, its message ``_REFUSALS[k]``."""
+    ``falls_back``: a ``NotEmbeddable`` comes back as ``(_REFUSED, 0, k)``, its message ``_REFUSALS[k]``."""
     _forget_what_dynamo_forgot()
     opened = vjp_closure.keyed(f)
     key: Hashable = None
@@ -516,7 +574,7 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
         # which closed-over tensors are one: a proof's graphs read each tensor it traced once
         aliases = tuple(next(i for i, b in enumerate(opened.arrays) if b is a) for a in opened.arrays)
         key = (opened.key, aliases, names, order, falls_back, structure_key(pytree.tree_structure(skeleton)), tensors,
-               cotangents, tuple(_held_weakly(v) for v in flat))
+               numbers, cotangents, tuple(_held_weakly(v) for v in flat))
         try:
             hash(key)
         except TypeError:  # a leaf that is not hashable: proven at each compilation
@@ -525,14 +583,15 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
     if known is not None:
         return known
     any_size = any(n is None for shape, _, _ in [*cotangents, *(flat[k] for k in tensors)] for n in shape)
-    prove = _proof_for_any_size if any_size else _proof_of_f
     try:
-        proof = prove(f, names, order, skeleton, tensors, cotangents, *flat)
+        proof = (_proof_for_any_size(f, names, order, skeleton, tensors, numbers, cotangents, *flat) if any_size
+                 else _proof_of_f(f, names, order, skeleton, tensors, numbers, cotangents, *flat,
+                                  symbolic=bool(numbers)))
     except Exception as error:
         if not (falls_back and _falls_back_on(error)):
             raise
         _REFUSALS.append(_fall_back_reason(f, error))
-        proof = (_REFUSED, len(_REFUSALS) - 1)
+        proof = (_REFUSED, 0, len(_REFUSALS) - 1)
     return proof if key is None else _PROVEN_WHILE_COMPILING.put(key, proof)
 
 
@@ -565,24 +624,29 @@ def _forget_what_dynamo_forgot() -> None:
         return
     for table in (_PROVEN_WHILE_COMPILING, _COMPILED, _NAMES, _READS, _REFUSALS):  # (a reader goes with its f)
         table.clear()
+    size_conditions.forget()
     handler.register_start_callback(_dynamo_has_not_reset)
 
 
 def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any, tensors: tuple[int, ...],
-                cotangents: tuple[Any, ...], *flat: Any, registering: bool = True) -> tuple[int, ...]:
-    """The argument leaves whose cotangent is linear (``_proven_states``), from f and its VJP traced together on
-    fake tensors: f's own ops read no cotangent, so only the VJP's are judged. ``skeleton``: the nest
-    ``(args, kwargs)``, ``flat`` its leaves, those at ``tensors`` as (shape, dtype, device); ``cotangents``: (shape,
-    dtype, device) of y's differentiable leaves."""
+                numbers: tuple[int, ...], cotangents: tuple[Any, ...], *flat: Any,
+                symbolic: bool = False) -> tuple[int, ...]:
+    """``(key, condition, *kept)``: the argument leaves whose cotangent is linear (``_proven_states``), from f and
+    its VJP traced together on fake tensors (f's own ops read no cotangent, so only the VJP's are judged), and the
+    key of the graphs registered for them (``_registered``; negative: none). ``skeleton``: the nest ``(args,
+    kwargs)``, ``flat`` its leaves, those at ``tensors`` as (shape, dtype, device); ``cotangents``: (shape, dtype,
+    device) of y's differentiable leaves. ``symbolic``: each size None is a symbol (``size_conditions``), as is
+    each leaf at ``numbers`` (given as its kind), and ``condition`` says at which sizes and numbers the proof
+    holds; else 0, every size and number is given and the proof is for those."""
     structure = pytree.tree_structure(skeleton)
     count = len(cotangents)
     read: list[_Cotangents] = []
     vjps: list[Any] = []  # the last one f returned, for an error to read
 
     def vjp_of_f(*values: torch.Tensor) -> list[torch.Tensor]:
-        given = dict(zip(tensors, values[count:], strict=True))
+        given = dict(zip((*tensors, *numbers), values[count:], strict=True))
         args, kwargs = pytree.tree_unflatten([given.get(k, v) for k, v in enumerate(flat)], structure)
-        roots = list(values[count:]) if order == 2 else None  # (its argument tensors)
+        roots = list(values[count:count + len(tensors)]) if order == 2 else None  # (its argument tensors)
         # f in grad mode, as a call runs it (the trace runs as a backward does, without): at order 2 the watch
         # then finds only what f itself computes with grad mode off. A decorated call in f gives its value alone:
         # only the VJP's ops are judged.
@@ -598,23 +662,24 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
         # Traced apart from Dynamo's own trace: outside the torch.func transforms it may be tracing, and with no
         # tracing context, whose fake mode (dynamic shapes, no real tensor allowed) make_fx would take up.
         with temporarily_clear_interpreter_stack(), torch._guards.tracing(None):
-            examples = [torch.empty(shape, dtype=dtype, device=device)
-                        for shape, dtype, device in [*cotangents, *(flat[k] for k in tensors)]]
+            shapes = [*cotangents, *(flat[k] for k in tensors)]
+            examples = size_conditions.stand_ins(shapes, [flat[k] for k in numbers]) if symbolic else [
+                torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in shapes]
             traced = linear_ops.trace(vjp_of_f, *examples, cotangents=count, fake=True)
             kept = _proven_states(read[-1], traced.states())
-            if not kept:  # nothing to embed: y keeps a zero derivative, whatever the VJP's autodiff
-                return (-1,)
-            reads = _routed(f, traced, flat, order,
-                            lambda: linear_ops.differentiated_as_traced(vjp_of_f, *examples, traced=traced))
-            if reads is None:  # differentiated as Dynamo traces it
-                return (-1, *kept)
-            if not registering:  # its graphs are made for one size: proven at this call's sizes
-                return (_PER_SIZE,)
+            if kept:
+                reads = _routed(f, traced, flat, order,
+                                lambda: linear_ops.differentiated_as_traced(vjp_of_f, *examples, traced=traced))
+            if not kept or reads is None:  # nothing to embed (y keeps a zero derivative, whatever the VJP's
+                # autodiff), or differentiated as Dynamo traces it
+                return (-1, size_conditions.condition(examples) if symbolic else 0, *kept)
             outside = [k for k in range(len(traced.constants)) if k not in traced.literals]
             key = _registered(traced, [read[-1].found.index(k) for k in kept],
                               [examples[count + tensors.index(k)] for k in kept], examples, count, outside)
             _READS[key], _NAMES[key] = reads, name_of(f)
-            return (key, *kept)
+            # (after the graphs, made on the same stand-ins: any size they assumed is in the condition too)
+            condition = size_conditions.condition(examples) if symbolic else 0
+            return (key, condition, *kept)
     except (ValueError, TypeError, LookupError):
         raise
     except Exception as error:
@@ -654,29 +719,24 @@ def _routed(f: Callable[..., Any], traced: linear_ops.Traced, flat: Sequence[Any
 
 
 _PER_SIZE = -2  # a proof for any size failed: prove for this size, which Dynamo then guards
-_ANY_SIZE = 5  # a dynamic size's stand-in (not 0 or 1, which make_fx and broadcasting treat apart)
 
 
 def _proof_for_any_size(f: Callable[..., Any], names: tuple[str, ...], order: int, skeleton: Any,
-                        tensors: tuple[int, ...], cotangents: tuple[Any, ...], *flat: Any) -> tuple[int, ...]:
-    """``_proof_of_f`` for shapes of their rank alone (sizes None): traced with each size ``_ANY_SIZE``, it serves
-    every size where the VJP is differentiated as Dynamo traces it anyway (it closes over an outside tensor, or
-    ``order=2``; ``differentiated_as_traced``; its ops are judged linear whatever the sizes). Anything else is
-    ``_PER_SIZE``, proven again at this call's sizes: a VJP whose map and transpose are registered as graphs (they
-    are made for one size), a VJP written as a backward, a trace that fails at the stand-in sizes, a refusal."""
-    def standing_in(leaf: tuple[Any, ...]) -> tuple[Any, ...]:  # (shape, dtype, device)
-        shape, dtype, device = leaf
-        return tuple(_ANY_SIZE if n is None else n for n in shape), dtype, device
-
-    stand_ins = [standing_in(v) if k in tensors else v for k, v in enumerate(flat)]
+                        tensors: tuple[int, ...], numbers: tuple[int, ...], cotangents: tuple[Any, ...],
+                        *flat: Any) -> tuple[int, ...]:
+    """``_proof_of_f`` for shapes of their rank alone (sizes None, each a symbol): it serves every size where its
+    condition holds (``size_conditions``) and the VJP is differentiated as Dynamo traces it anyway (it closes over
+    an outside tensor, or ``order=2``; ``differentiated_as_traced``; its ops are judged linear whatever the
+    sizes). Anything else is ``_PER_SIZE``, proven again at this call's sizes: a VJP whose map and transpose are
+    registered as graphs (they are made for one size), a VJP written as a backward, a trace that fails with sizes
+    as symbols (a size read as a number), a refusal."""
     quiet = logging.getLogger("torch._subclasses.fake_tensor")  # it logs an op that fails at the stand-in sizes
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        return _proof_of_f(f, names, order, skeleton, tensors, tuple(standing_in(c) for c in cotangents),
-                           *stand_ins, registering=False)
+        return _proof_of_f(f, names, order, skeleton, tensors, numbers, cotangents, *flat, symbolic=True)
     except Exception:  # said again, at this call's sizes, by the proof that follows
-        return (_PER_SIZE,)
+        return (_PER_SIZE, 0)
     finally:
         quiet.setLevel(level)
 
