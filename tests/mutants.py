@@ -119,6 +119,14 @@ def _proves_nothing_while_compiling(original):
     return lambda f, leaves, kwargs, outputs, names, order, **options: (list(leaves.differentiable), None, None)
 
 
+def _relu_backward_linear_in_its_input(original):
+    """threshold_backward (ReLU's backward) taken for linear in its saved input, not in the upstream: a
+    checkpointed ReLU block refused, or, were the cotangent read there, passed."""
+    from stopgrad_math.torch import linear_ops
+
+    return {**original, "threshold_backward": linear_ops._linear_in((1,))}
+
+
 def _holds_everywhere(original):
     """The compiled proof for any size taken at every size, whatever branches its trace took on sizes."""
     return lambda number, tensors: True
@@ -854,6 +862,10 @@ MUTANTS = {
     "the PyTorch decorator proves nothing under torch.compile": Mutant(
         "stopgrad_math.torch.decorator_form", "_proven_while_compiling", _proves_nothing_while_compiling,
         ("tests/test_torch_decorator_compiled.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),
+    "a PyTorch layer's backward op is linear in the wrong argument": Mutant(
+        "stopgrad_math.torch.linear_ops", "RULES", _relu_backward_linear_in_its_input,
+        ("tests/test_torch_checkpointing.py::"
+         "test_a_recomputed_block_has_the_blocks_gradient_in_reverse_mode[relu-torch.func.vjp-backward]",)),
     "the compiled PyTorch proof for any size holds at every size": Mutant(
         "stopgrad_math.torch.size_conditions", "holds", _holds_everywhere,
         ("tests/test_torch_decorator_compiled.py::"

@@ -157,6 +157,13 @@ def _traced_under_transform(cotangents: _Cotangents, vjp: Callable[[Any], Any]) 
         raise ValueError(f"The vjp of {name} is a {type(vjp).__name__}, not a function: under torch.func the "
                          "decorator traces a vjp with the tensors it closes over lifted out, which only a plain "
                          "function (a def or a lambda) allows.")
+    if lifted.pytorchs:
+        raise ValueError(
+            f"The vjp of {name} closes over a function of PyTorch's that holds tensors ({lifted.pytorchs[0]}: "
+            "torch.func.vjp's pullback, which runs the graph recorded when f ran). Under torch.func the decorator "
+            "traces the vjp outside the transform, on stand-ins of the tensors it closes over, and a stand-in "
+            "carries no recorded graph. Recompute inside the vjp, as checkpointing does: lambda ct: "
+            "torch.func.vjp(block, x)[1](ct)[0].")
     makers = [stand_in(t) for t in [*examples, *lifted.tensors]]  # shapes read inside the transform
     describe = cotangents.described()
     with temporarily_clear_interpreter_stack():

@@ -160,15 +160,45 @@ _CASTS = ("_to_copy", "to")
 
 _PRODUCTS: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {  # the two factors' arguments, and terms added
     **dict.fromkeys(("mul", "mm", "bmm", "mv", "dot", "vdot", "matmul", "outer", "kron"), ((0, 1), ())),
-    **dict.fromkeys(("addmm", "addmv", "baddbmm", "addbmm"), ((1, 2), (0,))),
+    **dict.fromkeys(("addmm", "addmv", "baddbmm", "addbmm", "addcmul"), ((1, 2), (0,))),
     "convolution": ((0, 1), (2,)),
 }
+
+# The backward ops of PyTorch's standard layers: each computes the chain rule's product of its first argument, the
+# upstream gradient, by a Jacobian made of the other arguments (the saved input or output, indices, statistics,
+# weights, a dropout mask), so each is linear in that first argument where no other carries the cotangent (a
+# recomputed block's backward, as checkpointing writes it). None branches on, clips or scales by the upstream's
+# own values: threshold_backward (ReLU) and hardtanh_backward select by the saved input, max pools route by saved
+# indices, the norms' backward is linear in the upstream given the saved mean and inverse deviation.
+_LAYER_BACKWARDS = (
+    "native_layer_norm_backward", "native_batch_norm_backward", "native_group_norm_backward",
+    "_fused_rms_norm_backward", "convolution_backward", "max_pool2d_with_indices_backward",
+    "max_pool3d_with_indices_backward", "avg_pool2d_backward", "avg_pool3d_backward",
+    "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward", "adaptive_max_pool2d_backward",
+    "adaptive_max_pool3d_backward", "threshold_backward", "gelu_backward", "silu_backward", "elu_backward",
+    "leaky_relu_backward", "hardtanh_backward", "tanh_backward", "sigmoid_backward", "softplus_backward",
+    "hardswish_backward", "hardsigmoid_backward", "mish_backward", "log_sigmoid_backward", "glu_backward",
+    "softshrink_backward", "hardshrink_backward", "_prelu_kernel_backward", "_softmax_backward_data",
+    "_log_softmax_backward_data", "embedding_dense_backward", "native_dropout_backward",
+    "upsample_nearest1d_backward", "upsample_nearest2d_backward", "upsample_nearest3d_backward",
+    "_upsample_nearest_exact1d_backward", "_upsample_nearest_exact2d_backward", "_upsample_nearest_exact3d_backward",
+    "upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_bicubic2d_backward",
+    "upsample_trilinear3d_backward", "reflection_pad1d_backward", "reflection_pad2d_backward",
+    "reflection_pad3d_backward", "replication_pad1d_backward", "replication_pad2d_backward",
+    "replication_pad3d_backward", "select_backward", "slice_backward", "diagonal_backward", "unfold_backward",
+    "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
+    "mse_loss_backward", "nll_loss_backward", "nll_loss2d_backward", "binary_cross_entropy_backward",
+    "smooth_l1_loss_backward", "huber_loss_backward",
+)
 
 RULES: dict[str, _Rule] = {
     **{name: _linear_in((0,)) for name in (
         *_VIEWS, "neg", "sum", "mean", "cumsum", "index", "index_select", "gather", "take", "diag", "diag_embed",
-        "tril", "triu", "_fft_r2c", "_fft_c2c", "_fft_c2r", "sum_to_size",
+        "tril", "triu", "_fft_r2c", "_fft_c2c", "_fft_c2r", "sum_to_size", "im2col", "col2im",
     )},
+    **{name: _linear_in((0,), "the upstream gradient is used as a saved activation, an index or a statistic")
+       for name in _LAYER_BACKWARDS},
     **{name: _cast for name in _CASTS},
     "constant_pad_nd": _linear_in((0,), zero=(2,)),
     **{name: _linear_in((0, 1)) for name in ("add", "sub", "rsub", "complex", "slice_scatter", "select_scatter",
@@ -276,8 +306,8 @@ def _constant(name: str, arguments: list[Any], operands: Operands) -> Judged:
         return State.ZERO
     if name in _FILLS and len(arguments) > _FILLS[name] and _literal_state(arguments[_FILLS[name]]) is State.ZERO:
         return State.ZERO
-    if name in (*_VIEWS, *_CASTS) and operands and operands[0] == [State.ZERO]:
-        return State.ZERO
+    if name in (*_VIEWS, *_CASTS, *_LAYER_BACKWARDS) and operands and operands[0] == [State.ZERO]:
+        return State.ZERO  # (a layer's backward of a zero upstream: an LSTM cell's unused state)
     return State.CONST
 
 
@@ -349,8 +379,23 @@ def make_fx(function: Callable[..., Any], **options: Any) -> Callable[..., fx.Gr
             _symbolic_trace._is_fx_tracing_flag = _TracingOnThisThread()  # type: ignore[assignment]
         return function(*args)
 
+    options.setdefault("decomposition_table", _decompositions())
     trace = make_fx_of_torch(on_this_thread, **options)
     return lambda *args: contextvars.copy_context().run(trace, *args)
+
+
+@functools.cache
+def _decompositions() -> dict[Any, Callable[..., Any]]:
+    """PyTorch's own decompositions of the layers' backward ops whose derivative in the upstream it does not
+    implement (``derivative for aten::silu_backward is not implemented``), though autograd's formula for their
+    forward op reaches none of them: traced as their ATen ops, which have derivatives, a recomputed block's
+    backward has its transpose. Every other op is traced as itself."""
+    from torch._decomp import get_decompositions
+
+    aten = torch.ops.aten
+    # (not hardsigmoid_backward: PyTorch's kernel scales by 1/6 in float32 whatever the dtype, its decomposition
+    # in the dtype, so the decomposed backward would not be the VJP the user wrote; it stays refused)
+    return get_decompositions([aten.silu_backward, aten.mish_backward, aten.native_group_norm_backward])
 
 
 _TRACING = threading.RLock()  # make_fx keeps global state (its CURRENT_PATCHER): one trace at a time

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import types
 from collections.abc import Callable
 from typing import Any
@@ -37,23 +38,27 @@ Rebuild = Callable[[list[torch.Tensor]], Any]
 
 @dataclasses.dataclass(frozen=True)
 class Lifted:
-    """A VJP's closed-over tensors, and ``rebuild(tensors)``: the VJP over others of their shapes."""
+    """A VJP's closed-over tensors, and ``rebuild(tensors)``: the VJP over others of their shapes. ``pytorchs``:
+    the functions of PyTorch's that it closes over and that hold tensors (``torch.func.vjp``'s pullback), left
+    as they are: what they compute with their tensors is the graph recorded when those were made, which a
+    stand-in has not."""
 
     tensors: list[torch.Tensor]
     rebuild: Rebuild
+    pytorchs: list[str] = dataclasses.field(default_factory=list)
 
 
 def lifted(vjp: Callable[..., Any]) -> Lifted | None:
     """The VJP opened, or None where it is not a plain function (a ``functools.partial``, a callable object)."""
     if not isinstance(vjp, types.FunctionType):
         return None
-    tensors: list[torch.Tensor] = []
-    return Lifted(tensors, _function(vjp, DEPTH, tensors))
+    found = Lifted([], lambda new: None)
+    return dataclasses.replace(found, rebuild=_function(vjp, DEPTH, found))
 
 
-def _function(fn: types.FunctionType, depth: int, tensors: list[torch.Tensor]) -> Rebuild:
-    cells = [_cell(cell, depth, tensors) for cell in fn.__closure__ or ()]
-    defaults = [_value(v, depth, tensors) for v in fn.__defaults__ or ()]
+def _function(fn: types.FunctionType, depth: int, found: Lifted) -> Rebuild:
+    cells = [_cell(cell, depth, found) for cell in fn.__closure__ or ()]
+    defaults = [_value(v, depth, found) for v in fn.__defaults__ or ()]
 
     def rebuild(new: list[torch.Tensor]) -> types.FunctionType:
         closure = tuple(build(new) for build in cells) or None
@@ -65,22 +70,41 @@ def _function(fn: types.FunctionType, depth: int, tensors: list[torch.Tensor]) -
     return rebuild
 
 
-def _value(value: Any, depth: int, tensors: list[torch.Tensor]) -> Rebuild:
+def _value(value: Any, depth: int, found: Lifted) -> Rebuild:
     if isinstance(value, torch.Tensor):
-        index = len(tensors)
-        tensors.append(value)
+        index = len(found.tensors)
+        found.tensors.append(value)
         return lambda new: new[index]
     if type(value) in (tuple, list):
-        parts = [_value(v, depth, tensors) for v in value]
+        parts = [_value(v, depth, found) for v in value]
         return lambda new: type(value)(build(new) for build in parts)
     if type(value) is dict:
-        items = {k: _value(v, depth, tensors) for k, v in value.items()}
+        items = {k: _value(v, depth, found) for k, v in value.items()}
         return lambda new: {k: build(new) for k, build in items.items()}
+    if isinstance(value, types.FunctionType) and value.__code__.co_filename.startswith(_TORCH):
+        if _holds_tensors(value):
+            found.pytorchs.append(value.__qualname__)
+        return lambda new: value
     if isinstance(value, types.FunctionType) and depth > 0:
-        return _function(value, depth - 1, tensors)
+        return _function(value, depth - 1, found)
     if _is_plain_object(value) and depth > 0:
-        return _object(value, depth - 1, tensors)
+        return _object(value, depth - 1, found)
     return lambda new: value
+
+
+_TORCH = os.path.dirname(torch.__file__)
+
+
+def _holds_tensors(fn: types.FunctionType) -> bool:
+    """Whether a function's closure holds a tensor, alone or in a tuple or list (one level)."""
+    held = []
+    for cell in fn.__closure__ or ():
+        try:
+            held.append(cell.cell_contents)
+        except ValueError:  # a cell not yet filled
+            continue
+    return any(isinstance(v, torch.Tensor) for value in held
+               for v in (value if type(value) in (tuple, list) else (value,)))
 
 
 def _is_plain_object(value: Any) -> bool:
@@ -92,10 +116,11 @@ def _is_plain_object(value: Any) -> bool:
             and not kind.__module__.startswith("torch") and kind.__module__ != "builtins")
 
 
-def _object(value: Any, depth: int, tensors: list[torch.Tensor]) -> Rebuild:
+def _object(value: Any, depth: int, found: Lifted) -> Rebuild:
     """An object whose attributes hold tensors: rebuilt as a shallow copy with those attributes rebuilt."""
-    attributes = {name: _value(v, depth, tensors) for name, v in vars(value).items()}
-    if len(tensors) == 0 or not any(isinstance(v, (torch.Tensor, tuple, list, dict)) for v in vars(value).values()):
+    attributes = {name: _value(v, depth, found) for name, v in vars(value).items()}
+    if len(found.tensors) == 0 or not any(isinstance(v, (torch.Tensor, tuple, list, dict))
+                                          for v in vars(value).values()):
         return lambda new: value
 
     def rebuild(new: list[torch.Tensor]) -> Any:
@@ -107,12 +132,12 @@ def _object(value: Any, depth: int, tensors: list[torch.Tensor]) -> Rebuild:
     return rebuild
 
 
-def _cell(cell: Any, depth: int, tensors: list[torch.Tensor]) -> Callable[[list[torch.Tensor]], Any]:
+def _cell(cell: Any, depth: int, found: Lifted) -> Callable[[list[torch.Tensor]], Any]:
     try:
         contents = cell.cell_contents
     except ValueError:  # a cell not yet filled (a name assigned after the VJP is made): kept as it is
         return lambda new: cell
-    build = _value(contents, depth, tensors)
+    build = _value(contents, depth, found)
     return lambda new: types.CellType(build(new))
 
 
