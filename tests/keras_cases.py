@@ -326,3 +326,31 @@ def test_a_non_finite_x_gets_the_declared_derivative_on_every_backend():
     for way in (reverse, forward):
         np.testing.assert_array_equal(way(half, NON_FINITE), want_half)
         np.testing.assert_allclose(way(identity_form, NON_FINITE), want_sigmoid, rtol=1e-6)
+
+
+class HalvedWhenTraining(keras.layers.Layer):
+    """A layer whose decorated ``call`` takes ``training``: its gradient is half the upstream in training, a
+    quarter otherwise (issue 57: the decorated method's signature was (*args, **kwargs), and Keras, which passes
+    ``training`` to a call that takes it, could not)."""
+
+    @sgk.custom_gradient
+    def call(self, x, training=None):
+        def grad(*args, upstream=None):
+            upstream = args[0] if upstream is None else upstream
+            return ops.multiply(upstream, 0.5 if training else 0.25)
+
+        return ops.multiply(x, 1.0), grad
+
+
+def test_a_layers_decorated_call_keeps_its_signature_and_binds_the_layer():
+    """Keras reads the call's signature through the decorator, passes training, and the layer is bound, not an
+    argument: the grad returns x's gradient alone, as with Keras's own ops.custom_gradient on a function."""
+    import inspect
+
+    layer = HalvedWhenTraining()
+    assert list(inspect.signature(layer.call).parameters) == ["x", "training"]
+    model = keras.Sequential([keras.Input((4,)), layer])
+    x = X[None]
+    np.testing.assert_array_equal(ops.convert_to_numpy(model(x, training=True)), x)
+    np.testing.assert_array_equal(reverse(lambda x: layer(x, training=True), x), np.full_like(x, 0.5))
+    np.testing.assert_array_equal(reverse(lambda x: layer(x, training=False), x), np.full_like(x, 0.25))

@@ -127,6 +127,21 @@ def _relu_backward_linear_in_its_input(original):
     return {**original, "threshold_backward": linear_ops._linear_in((1,))}
 
 
+def _signature_lost(original):
+    """The TensorFlow decorator's result with the wrapper's (*args, **kwargs) signature, not f's."""
+    def decorate(f, *args, **kwargs):
+        decorated = original(f, *args, **kwargs)
+        vars(decorated).pop("__signature__", None)
+        return decorated
+
+    return decorate
+
+
+def _never_a_method(original):
+    """A decorated method's instance taken for an argument like any other."""
+    return lambda owner, args: False
+
+
 def _holds_everywhere(original):
     """The compiled proof for any size taken at every size, whatever branches its trace took on sizes."""
     return lambda number, tensors: True
@@ -866,6 +881,13 @@ MUTANTS = {
         "stopgrad_math.torch.linear_ops", "RULES", _relu_backward_linear_in_its_input,
         ("tests/test_torch_checkpointing.py::"
          "test_a_recomputed_block_has_the_blocks_gradient_in_reverse_mode[relu-torch.func.vjp-backward]",)),
+    "a decorated method's signature lost": Mutant(
+        "stopgrad_math.tensorflow.decorator_form", "decorate", _signature_lost,
+        ("tests/test_decorator_form.py::"
+         "test_a_decorated_keras_layer_call_keeps_its_signature_as_tf_custom_gradient_does",)),
+    "a decorated method's instance taken for an argument": Mutant(
+        "stopgrad_math.shared.arguments", "called_as_a_method", _never_a_method,
+        ("tests/test_jax_decorator_form.py::test_a_decorated_method_binds_its_instance_and_keeps_its_signature",)),
     "the compiled PyTorch proof for any size holds at every size": Mutant(
         "stopgrad_math.torch.size_conditions", "holds", _holds_everywhere,
         ("tests/test_torch_decorator_compiled.py::"

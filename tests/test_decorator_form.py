@@ -1,5 +1,7 @@
 """@custom_gradient: every grad_fn convention, exact for any function, in every mode."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -1175,3 +1177,82 @@ def test_a_grad_fn_that_clips_runs_eagerly_where_nothing_watches_and_is_refused_
         clip_gradient(x)
     with pytest.raises(ValueError, match=r"Maximum|Minimum|clip"):
         tf.function(clip_gradient)(x)
+
+
+def test_a_decorated_keras_layer_call_keeps_its_signature_as_tf_custom_gradient_does():
+    """tf_keras passes ``training`` to a layer's call that takes it, reading the call's signature: the decorator
+    keeps f's (it was ``(*args, **kwargs)``, and a Sequential model raised ``unexpected keyword argument
+    'training'``, issue 57). A call without ``training`` gets tf.custom_gradient's gradient, side by side (which
+    refuses a keyword argument outside eager execution, so the call with ``training`` is ours alone)."""
+    tf_keras = pytest.importorskip("tf_keras")
+
+    def layer_with(decorator, takes_training):
+        class Halved(tf_keras.layers.Layer):
+            if takes_training:
+                @decorator
+                def call(self, x, training=None):
+                    return tf.identity(x), lambda upstream: upstream * (0.5 if training else 0.25)
+            else:
+                @decorator
+                def call(self, x):
+                    return tf.identity(x), lambda upstream: upstream * 0.5
+
+        return Halved()
+
+    def gradient(layer, training):
+        model = tf_keras.Sequential([tf_keras.Input((2,)), layer])
+        x = tf.constant([[1.0, -2.0]])
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = model(x, training=training)
+        return tape.gradient(y, x).numpy()
+
+    np.testing.assert_array_equal(gradient(layer_with(custom_gradient, False), True),
+                                  gradient(layer_with(tf.custom_gradient, False), True))
+    for training in (True, False):
+        np.testing.assert_array_equal(gradient(layer_with(custom_gradient, True), training),
+                                      np.full((1, 2), 0.5 if training else 0.25, np.float32))
+
+
+def test_a_wrong_count_of_gradients_is_said_as_tensorflow_says_it():
+    """One argument, two gradients: tf.custom_gradient says it expected 1 and got 2; so does the decorator (it
+    took the pair for one stacked gradient, and named a shape, issue 57)."""
+    def with_two_gradients(decorator):
+        @decorator
+        def f(x):
+            return x * 2.0, lambda upstream: (upstream * 2.0, upstream * 3.0)
+
+        return f
+
+    x = tf.constant([1.0, 2.0])
+    for decorator, message in ((tf.custom_gradient, "expected to return 1 gradients, but returned 2"),
+                               (custom_gradient, "returned 2 gradients for f's 1 argument")):
+        with pytest.raises(ValueError, match=re.escape(message)), tf.GradientTape() as tape:
+            tape.watch(x)
+            tape.gradient(with_two_gradients(decorator)(x), x)
+
+
+def test_a_wrong_gradient_for_an_argument_nobody_differentiates_is_refused_only_where_it_may_be_asked():
+    """HGQ's clip gives its scalar bounds gradients of x's shape. Eagerly, where only x is watched, TensorFlow
+    never reads them, and neither does the decorator: x's gradient as tf.custom_gradient gives it. Where a bound
+    is watched, or in a graph (where tf.gradients may ask for any tensor later), it is refused naming it."""
+    def clip_with(decorator):
+        @decorator
+        def clip(x, lower, upper):
+            return tf.clip_by_value(x, lower, upper), lambda upstream: (upstream, tf.ones([2]), tf.ones([2]))
+
+        return clip
+
+    x, lower, upper = tf.constant([0.5, 3.0]), tf.constant(0.0), tf.constant(1.0)
+    gradients = []
+    for decorator in (tf.custom_gradient, custom_gradient):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = clip_with(decorator)(x, lower, upper)
+        gradients.append(tape.gradient(y, x).numpy())
+    np.testing.assert_array_equal(gradients[1], gradients[0])
+    with pytest.raises(ValueError, match=r"args\[1\]"), tf.GradientTape() as tape:
+        tape.watch([x, lower])
+        clip_with(custom_gradient)(x, lower, upper)
+    with pytest.raises(ValueError, match=r"args\[1\]"):
+        tf.function(lambda x: tf.gradients(clip_with(custom_gradient)(x, lower, upper), x))(x)

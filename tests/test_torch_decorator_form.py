@@ -646,3 +646,29 @@ def test_an_exception_the_vjp_raises_passes_through_unchanged(error, mode):
     reads_the_cotangent = sgm.custom_gradient(lambda x: (x * 2.0, lambda ct: (ct * float(ct.sum()),)))
     with pytest.raises(ValueError, match=r"The vjp of <lambda> cannot be traced"):
         _EXCEPTION_MODES[mode](reads_the_cotangent, x)
+
+
+class _HalvedGradient(torch.nn.Module):
+    """A module whose decorated forward closes over its weight: the VJP's gradient is half the weight's."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor([1.0, 2.0, -3.0], dtype=torch.float64))
+
+    @sgm.custom_gradient
+    def forward(self, x):
+        weight = self.weight.detach()
+        return x * weight, lambda ct: ct * weight * 0.5
+
+
+@pytest.mark.parametrize("mode", [m for m in [*MODES, *COMPILED_MODES] if "vmap" not in m])  # (vmap: per scalar)
+def test_a_decorated_module_forward_binds_the_module_and_keeps_its_signature(mode):
+    """The module is bound, as tf.custom_gradient binds a method, not an argument whose cotangent the VJP must
+    give; its forward's signature is f's, bound (issue 57). Truth: half the weight, the declared gradient."""
+    import inspect
+
+    module = _HalvedGradient()
+    assert list(inspect.signature(module.forward).parameters) == ["x"]
+    x = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    derivative = (MODES | COMPILED_MODES)[mode](module, x)
+    torch.testing.assert_close(derivative, module.weight.detach() * 0.5, rtol=0, atol=0)

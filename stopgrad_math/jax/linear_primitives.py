@@ -152,6 +152,10 @@ RULES: dict[str, _Rule] = {
     "scatter-add": _linear_operands((0, 2)),
     "scatter_add": _linear_operands((0, 2)),
     "scatter": _linear_operands((0, 2)),  # .at[i].set(u): the operand where not set, u where set
+    # a max pool's VJP and JVP: the cotangent (or tangent) scattered to, or gathered from, the places the saved
+    # operand's windows select; linear in it where the operand does not carry it (checkpointing, issue 57)
+    "select_and_scatter_add": _linear_operands((0,)),
+    "select_and_gather_add": _linear_operands((0,)),
     "device_put": _each_operand,
     "custom_linear_solve": _linear_solve,
     "mul": _one_side(),

@@ -27,6 +27,25 @@ def positional(f: Callable[..., Any], args: tuple[Any, ...],
     return bound.args, bound.kwargs
 
 
+def owner_of(f: Callable[..., Any]) -> tuple[str, str] | None:
+    """(module, qualified name) of the class in whose body f is defined (``Layer.call``, ``Module.forward``), read
+    once where f is decorated; None for a function of a module or of another function."""
+    owner, _, _ = getattr(f, "__qualname__", "").rpartition(".")
+    if not owner or owner.endswith("<locals>"):
+        return None
+    return getattr(f, "__module__", "") or "", owner
+
+
+def called_as_a_method(owner: tuple[str, str] | None, args: tuple[Any, ...]) -> bool:
+    """Whether a call of a function defined in the body of ``owner`` (``owner_of``) has an instance of that class
+    first: a method, whose instance the decorators bind rather than differentiate (a Keras layer's ``call``
+    decorated, as ``tf.custom_gradient`` allows)."""
+    if owner is None or len(args) == 0:
+        return False
+    module, qualname = owner
+    return any(kind.__qualname__ == qualname and kind.__module__ == module for kind in type(args[0]).__mro__)
+
+
 def names(f: Callable[..., Any], count: int, by_keyword: bool) -> list[str]:
     """How errors name the ``count`` positional arguments of a call: ``args[k]``, or where the call gave every
     argument by keyword (bound as positional by ``positional``), the parameters' names."""

@@ -81,11 +81,39 @@ def call(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], o
 def decorated(f: Callable[..., Any], order: int, embed: Embed,
               keywords: Callable[[Callable[..., Any], dict[str, Any]], dict[str, Any]] = _keywords_as_given,
               ) -> Callable[..., Any]:
-    """f, decorated: each call is ``call`` of f."""
+    """f, decorated: each call is ``call`` of f; where f is defined in a class body and called on an instance, the
+    instance is bound, not an argument whose cotangent the VJP gives."""
+
+    owner = arguments.owner_of(f)
+    method = None if owner is None else _method(f)
 
     @functools.wraps(f)
     def decorated_f(*args: Any, **kwargs: Any) -> Any:
+        if method is not None and arguments.called_as_a_method(owner, args):
+            return call(method, args, kwargs, order, embed, keywords)
         return call(f, args, kwargs, order, embed, keywords)
 
     decorated_f.undecorated = f  # type: ignore[attr-defined]
     return decorated_f
+
+
+def _method(f: Callable[..., Any]) -> Callable[..., Any]:
+    """f called as a method: its instance is an argument like any other to the decorator, and its VJP, which
+    returns the cotangents of the arguments after the instance (as ``tf.custom_gradient`` binds a method), gives
+    None first for the instance; a VJP that gives that None itself (as a method's had to) is taken as it is. Made
+    where f is decorated, so that a compiled call meets a function, not one it makes."""
+
+    @functools.wraps(f)
+    def method(instance: Any, *args: Any, **kwargs: Any) -> Any:
+        y, vjp = arguments.call_f(f, (instance, *args), kwargs)
+        count = len(args)
+
+        def vjp_of_the_arguments(ct: Any) -> Any:
+            answer = vjp(ct)  # one cotangent per argument in a tuple, or the one argument's alone
+            if type(answer) is tuple and len(answer) == count + 1 and answer[0] is None:
+                return answer  # the instance's None given too, as the decorators took a method before
+            return (None, *answer) if type(answer) is tuple and len(answer) == count else (None, answer)
+
+        return y, vjp_of_the_arguments
+
+    return method

@@ -35,8 +35,10 @@ identity module's; what is carried of each kind of argument is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -293,6 +295,9 @@ def decorate(f: Callable[..., Any], order: int = 1, check_linearity: bool = Fals
         return unconverted(_tf_internal.autograph_status(), args, kwargs)
 
     del decorated.__wrapped__  # AutoGraph would read f's source through it, and convert f in place of this
+    with contextlib.suppress(TypeError, ValueError):  # (a callable without a signature keeps the wrapper's)
+        # f's signature, which Keras reads (it passes a layer's call `training` where the call takes it)
+        decorated.__signature__ = inspect.signature(f)  # type: ignore[attr-defined]
     if decorated.__name__ == "<lambda>":  # AutoGraph would take the wrapper for a lambda, and not find it
         decorated.__name__ = decorated.__qualname__ = "custom_gradient_of_lambda"
     decorated.undecorated = f  # type: ignore[attr-defined]  # a function attribute, as tf.function's python_function

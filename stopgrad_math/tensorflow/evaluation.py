@@ -78,6 +78,7 @@ class Plan:
     order: int
     boxes: list[transposition.Box] = dataclasses.field(default_factory=list)  # nested decorated calls
     deferred: bool = False  # a deferred call's (``deferred_calls``): grad_fn runs when a derivative is asked
+    unasked: frozenset[str] = frozenset()  # arguments whose gradient nothing can ask for (``unasked``)
 
     def gradients(self, upstreams: dict[int, Any]) -> list[Gradient]:
         """grad_fn(upstreams), checked and paired with the components they belong to."""
@@ -91,7 +92,7 @@ class Plan:
                 counts = len(flat), len(self.variables)
                 raise ValueError(f"grad_fn returned {counts[0]} variable gradients for {counts[1]} variables.")
             pairs += [(c, g) for c, g in zip(self.variables, flat, strict=True) if g is not None]
-        return [grad_fn_conventions.checked(c, g) for c, g in pairs]
+        return [gradient for c, g in pairs if (gradient := _checked_where_asked(c, g, self.unasked)) is not None]
 
     def gradients_at(self, upstreams: dict[int, tf.Tensor]) -> list[Gradient]:
         """grad_fn on upstreams given as dense tensors, one per differentiable output (rebuilt as its kind)."""
@@ -101,6 +102,27 @@ class Plan:
         """f's value with zero terms attached to output components: y bit for bit, derivative theirs."""
         attached = {i: identity.attach(self.outputs.components[i].tensor, t) for i, t in terms.items() if t}
         return self.outputs.with_tensors(attached)
+
+
+def _checked_where_asked(component: Component, gradient: Any, unasked: frozenset[str]) -> Gradient | None:
+    """grad_fn's gradient for a component, checked (``grad_fn_conventions.checked``); a wrong one (its shape,
+    its dtype) is refused where that component's gradient may be asked for, and dropped where it cannot be
+    (``unasked``), as TensorFlow never reads that gradient (HGQ's clip gives its bounds gradients of x's shape)."""
+    try:
+        return grad_fn_conventions.checked(component, gradient)
+    except ValueError:
+        if component.name in unasked:
+            return None
+        raise
+
+
+def unasked(arguments: Flattened) -> frozenset[str]:
+    """The differentiable argument components whose gradient nothing can ask for: eagerly, those no tape or
+    forward accumulator watches. In a graph tf.gradients may ask for any tensor later: none."""
+    if not tf.executing_eagerly():
+        return frozenset()
+    components = [arguments.components[i] for i in arguments.differentiable]
+    return frozenset(c.name for c in components if not _tf_internal.gradient_possible([c.tensor]))
 
 
 def outputs_of(y: Any) -> Flattened:
@@ -133,7 +155,7 @@ def evaluate(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     if watched and signature(grad_fn).takes_variables:
         variables = [gradient_components.of(v.name, v) for v in watched]
         outputs = outputs_of(_stopped(outputs))  # grad_fn gives the variables' gradients: cut autodiff's path to them
-    return Plan(f, outputs, grad_fn, arguments, variables, order)
+    return Plan(f, outputs, grad_fn, arguments, variables, order, unasked=unasked(arguments))
 
 
 def value_alone(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -59,6 +59,11 @@ def _flat(gradients: Any, arguments: Flattened) -> list[Any]:
     if isinstance(gradients, _SINGLE) or not tf.nest.is_nested(gradients):
         return [gradients]
     shallow = arguments.structure
+    if (len(shallow) == 1 and not tf.nest.is_nested(shallow[0]) and isinstance(gradients, (list, tuple))
+            and len(gradients) != 1):  # one tensor argument, several gradients: a count, as TensorFlow says it
+        raise ValueError(f"grad_fn returned {len(gradients)} gradients for f's 1 argument "
+                         f"({arguments.components[0].name}): it is expected to return 1 gradient, one per "
+                         "argument, as tf.custom_gradient's grad_fn does.")
     if len(shallow) == 1 and not (isinstance(gradients, (list, tuple)) and len(gradients) == 1):
         shallow = shallow[0]  # one argument: its gradient may come alone, not in a list of one
     try:

@@ -68,8 +68,8 @@ STRUCTURAL = frozenset({
     "Reverse", "ReverseV2", "Roll", "MatrixDiag", "MatrixDiagV2", "MatrixDiagV3", "MatrixDiagPart",
     "MatrixDiagPartV2", "MatrixDiagPartV3", "MatrixSetDiag", "MatrixSetDiagV2", "MatrixSetDiagV3", "Diag",
     "DiagPart", "MatrixBandPart", "Real", "Imag", "Conj", "FFT", "IFFT", "FFT2D", "IFFT2D", "FFT3D", "IFFT3D",
-    "RFFT", "IRFFT", "RFFT2D", "IRFFT2D", "RFFT3D", "IRFFT3D", "AvgPool", "AvgPool3D", "MaxPoolGrad",
-    "MaxPoolGradV2", "SpaceToBatchND", "BatchToSpaceND", "SpaceToDepth", "DepthToSpace", "ResizeBilinear",
+    "RFFT", "IRFFT", "RFFT2D", "IRFFT2D", "RFFT3D", "IRFFT3D", "AvgPool", "AvgPool3D",
+    "SpaceToBatchND", "BatchToSpaceND", "SpaceToDepth", "DepthToSpace", "ResizeBilinear",
     "ResizeNearestNeighbor", "ExtractImagePatches", "TensorScatterUpdate", "XlaDynamicUpdateSlice",
     "XlaDynamicSlice", "XlaPad", "IdentityN", "TensorListFromTensor", "TensorListStack", "TensorListGetItem",
     "TensorListSetItem", "TensorListPushBack", "TensorListPopBack", "TensorListReserve",
@@ -78,12 +78,28 @@ STRUCTURAL = frozenset({
 # Linear in exactly one input: the other factor must not carry the upstream too.
 PRODUCTS = frozenset({
     "Mul", "MulNoNan", "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D",
-    "Conv3D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3DBackpropInputV2", "DepthwiseConv2dNative",
-    "DepthwiseConv2dNativeBackpropInput", "Cross", "SparseTensorDenseMatMul", "SparseMatMul",
+    "Conv3D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2",
+    "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter", "Cross",
+    "SparseTensorDenseMatMul", "SparseMatMul",
 })  # fmt: skip
 
 # Linear in their first input only: a quotient is linear in its numerator.
 QUOTIENTS = frozenset({"RealDiv", "Div", "DivNoNan"})
+
+# The gradient ops of the standard layers, by the input that is the upstream gradient: each is the chain rule's
+# product of that input by a Jacobian of the others (the saved features or outputs, the pooled input and output,
+# the batch statistics), linear in it where no other input carries the upstream. None branches on, clips or scales
+# by the upstream's own values: ReluGrad selects by the saved features, MaxPoolGrad routes by the saved input and
+# output, FusedBatchNormGradV3 is linear in y_backprop given x and the saved statistics.
+LAYER_GRADIENTS = {
+    **dict.fromkeys(("ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad",
+                     "SoftsignGrad", "BiasAddGrad", "FusedBatchNormGrad", "FusedBatchNormGradV2",
+                     "FusedBatchNormGradV3", "ResizeBilinearGrad", "ResizeNearestNeighborGrad", "ResizeBicubicGrad",
+                     "MirrorPadGrad", "LRNGrad"), 0),
+    **dict.fromkeys(("SigmoidGrad", "TanhGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "InvGrad",
+                     "AvgPoolGrad", "AvgPool3DGrad"), 1),
+    **dict.fromkeys(("MaxPoolGrad", "MaxPoolGradV2", "MaxPool3DGrad"), 2),
+}  # fmt: skip
 
 # Linear only where every input that does not carry the upstream is zero: otherwise affine.
 SUMS = frozenset({"AddV2", "Add", "Sub", "AddN", "BiasAdd", "Complex", "PadV2"})
@@ -196,6 +212,14 @@ def _select(op: tf.Operation, carrying: Sequence[bool], zero: Callable[[tf.Tenso
     return _sum(op, [True, *carrying[1:]], zero)  # a branch that does not carry the upstream must be zero
 
 
+def _layer_gradient(op: tf.Operation, carrying: Sequence[bool], zero: Callable[[tf.Tensor], bool]) -> Verdict:
+    upstream = LAYER_GRADIENTS[op.type]
+    if any(carrying[k] for k in _inexact_inputs(op) if k != upstream):
+        return Verdict(Kind.NONLINEAR, "the upstream reaches an input that is not the gradient it scales (a saved "
+                                       "activation, a statistic)")
+    return _LINEAR
+
+
 def _cast(op: tf.Operation, carrying: Sequence[bool], zero: Callable[[tf.Tensor], bool]) -> Verdict:
     if identity.is_inexact(op.outputs[0].dtype):
         return _LINEAR
@@ -209,6 +233,7 @@ _RULES: dict[str, _Rule] = {
     **dict.fromkeys(QUOTIENTS, _quotient),
     **dict.fromkeys(SUMS, _sum),
     **dict.fromkeys(SELECTS, _select),
+    **dict.fromkeys(LAYER_GRADIENTS, _layer_gradient),
     "Cast": _cast,
 }
 

@@ -1,0 +1,133 @@
+"""Gradient checkpointing with the TensorFlow decorator, as users write it (issue 57): f runs a block of a standard
+Keras layer, and grad_fn recomputes the block under a tf.GradientTape and returns TensorFlow's own gradient of it.
+Every gradient op of the standard layers is linear in the upstream, and linear_ops knows each by the input that is
+the upstream. The truth is plain autodiff of the block (a tape, a ForwardAccumulator), float64."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+keras = pytest.importorskip("keras")
+
+import stopgrad_math as sgm  # noqa: E402
+
+LAYERS = keras.layers
+
+
+def _blocks():
+    """name → (layer, input shape), float64, weights from a fixed seed."""
+    keras.utils.set_random_seed(57)
+    made = {
+        "dense": (LAYERS.Dense(5, dtype="float64"), (3, 6)),
+        "layer_norm": (LAYERS.LayerNormalization(dtype="float64"), (3, 6)),
+        "batch_norm_inference": (LAYERS.BatchNormalization(dtype="float64"), (3, 6)),
+        "conv1d": (LAYERS.Conv1D(3, 2, dtype="float64"), (1, 6, 2)),
+        "conv2d": (LAYERS.Conv2D(3, 3, padding="same", dtype="float64"), (1, 5, 5, 2)),
+        "depthwise_conv2d": (LAYERS.DepthwiseConv2D(3, dtype="float64"), (1, 5, 5, 2)),
+        "max_pool2d": (LAYERS.MaxPooling2D(2, dtype="float64"), (1, 4, 4, 2)),
+        "average_pool2d": (LAYERS.AveragePooling2D(2, dtype="float64"), (1, 4, 4, 2)),
+        "dropout_inference": (LAYERS.Dropout(0.5, dtype="float64"), (3, 6)),
+        "softmax": (LAYERS.Softmax(dtype="float64"), (3, 6)),
+        **{activation: (LAYERS.Activation(activation, dtype="float64"), (3, 6))
+           for activation in ("relu", "relu6", "elu", "selu", "sigmoid", "tanh", "softplus", "gelu",
+                              "silu", "leaky_relu")},
+    }
+    return made
+
+
+BLOCKS = _blocks()
+
+
+def _block(name):
+    layer, _ = BLOCKS[name]
+    return lambda x: layer(x, training=False)
+
+
+def _recomputed(block):
+    @sgm.custom_gradient
+    def checkpointed(x):
+        def grad_fn(upstream):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                again = block(x)
+            return tape.gradient(again, x, output_gradients=upstream)
+
+        return block(x), grad_fn
+
+    return checkpointed
+
+
+def _data(name):
+    _, shape = BLOCKS[name]
+    rng = np.random.default_rng(len(name))
+    x = tf.constant(rng.standard_normal(shape))
+    y = _block(name)(x)
+    return x, tf.constant(rng.standard_normal(shape)), tf.constant(rng.standard_normal(y.shape))
+
+
+def _reverse(fn, x, upstream):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fn(x)
+    return tape.gradient(y, x, output_gradients=upstream)
+
+
+def _forward(fn, x, tangent):
+    with tf.autodiff.ForwardAccumulator(x, tangent) as accumulator:
+        y = fn(x)
+    return accumulator.jvp(y)
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf.function"])
+@pytest.mark.parametrize("name", BLOCKS)
+def test_a_recomputed_block_has_the_blocks_gradient(name, mode):
+    block = _block(name)
+    x, _, upstream = _data(name)
+    truth = _reverse(block, x, upstream)
+    checkpointed = _recomputed(block)
+    got = _reverse(checkpointed, x, upstream) if mode == "eager" else tf.function(
+        lambda: _reverse(checkpointed, x, upstream))()
+    np.testing.assert_allclose(got, truth, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_a_recomputed_block_has_the_blocks_derivative_in_forward_mode(name):
+    block = _block(name)
+    x, tangent, _ = _data(name)
+    np.testing.assert_allclose(_forward(_recomputed(block), x, tangent), _forward(block, x, tangent), rtol=1e-10,
+                               atol=1e-12)
+
+
+def test_a_gradient_op_with_the_upstream_in_a_saved_input_is_not_linear():
+    """MaxPoolGrad is linear in its gradient input alone: a grad_fn that also makes the pooled input from the
+    upstream (which routes the gradient by the upstream's own values) is refused naming the op; it was taken for
+    linear in every input, as a reshape is."""
+    x = tf.constant(np.arange(16.0).reshape(1, 4, 4, 1))
+
+    @sgm.custom_gradient
+    def routed_by_the_upstream(x):
+        y = tf.nn.max_pool2d(x, 2, 2, "VALID")
+
+        def grad_fn(upstream):
+            spread = tf.repeat(tf.repeat(upstream, 2, axis=1), 2, axis=2)  # linear in the upstream
+            return tf.raw_ops.MaxPoolGrad(orig_input=spread, orig_output=y, grad=upstream, ksize=[1, 2, 2, 1],
+                                          strides=[1, 2, 2, 1], padding="VALID")
+
+        return y, grad_fn
+
+    with pytest.raises(ValueError, match="MaxPoolGrad"):
+        _reverse(routed_by_the_upstream, x, tf.ones([1, 2, 2, 1], tf.float64))
+
+
+@pytest.mark.parametrize(("layer", "shape", "op"), [
+    (LAYERS.Activation("softsign", dtype="float64"), (3, 6), "SoftsignGrad"),
+    (LAYERS.UpSampling2D(interpolation="bilinear", dtype="float64"), (1, 3, 3, 2), "ResizeBilinearGrad"),
+], ids=["softsign", "bilinear upsampling"])
+def test_a_gradient_op_tensorflow_cannot_differentiate_is_refused_naming_it(layer, shape, op):
+    """TensorFlow registers no gradient of SoftsignGrad nor of ResizeBilinearGrad, and J·v is the gradient op's
+    own derivative: the checkpoint is refused naming the op, never a number. (A limit: tf.custom_gradient gives
+    reverse mode there.)"""
+    x = tf.ones(shape, tf.float64)
+    with pytest.raises(ValueError, match=op):
+        _reverse(_recomputed(lambda x: layer(x)), x, tf.ones(layer(x).shape, tf.float64))
+
