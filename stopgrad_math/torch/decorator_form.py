@@ -462,7 +462,7 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
     key, condition, *kept = _stopgrad_math_proof(
         f, tuple(names), order, falls_back, skeleton, tensors, numbers,
         tuple(_shape_of(t, False) for t in outputs.tensors()),
-        *[_shape_of(v, False) if isinstance(v, torch.Tensor) else _kind_of(v) if k in numbers else v
+        *[_shape_of(v, False) if isinstance(v, torch.Tensor) else _A_FLOAT if k in numbers else v
           for k, v in enumerate(flat)])
     # the sizes and numbers where the proof for any size holds, given as it was traced on them: cotangents as the
     # compiled call makes them (contiguous zeros), then f's argument tensors and numbers. Elsewhere the proof is
@@ -472,7 +472,7 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
         key, condition, *kept = _stopgrad_math_proof(
             f, tuple(names), order, falls_back, skeleton, tensors, numbers,
             tuple(_shape_of(t, True) for t in outputs.tensors()),
-            *[_shape_of(v, True) if isinstance(v, torch.Tensor) else _kind_of(v) if k in numbers else v
+            *[_shape_of(v, True) if isinstance(v, torch.Tensor) else _A_FLOAT if k in numbers else v
               for k, v in enumerate(flat)])
         if key != _REFUSED and not size_conditions.holds(condition, traced_on):
             if falls_back:
@@ -492,6 +492,8 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
             lambda *vs: list(_run_compiled(key + 1, *vs, *given)))
 
 
+_A_FLOAT = "float"  # a float argument as the proof is given it: a symbol, whatever its value
+
 _BRANCH_ON_A_FLOAT = (
     "{name} or its vjp branches on the value of a Python float argument that torch.compile keeps as a symbol (it "
     "changed between calls), and took another branch at the value the decorator proves for any float than it "
@@ -505,11 +507,6 @@ def refuse(message: str) -> None:
     leaves the compilation as it is (raised in the code Dynamo traces, it would be a graph break, and the call run
     again in pieces)."""
     raise NotEmbeddable(message)
-
-
-def _kind_of(number: Any) -> str:
-    """A number of f's arguments, as the proof for any number is given it: its kind."""
-    return "float" if type(number) is float else "int"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -643,8 +640,8 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
     key of the graphs registered for them (``_registered``; negative: none). ``skeleton``: the nest ``(args,
     kwargs)``, ``flat`` its leaves, those at ``tensors`` as (shape, dtype, device); ``cotangents``: (shape, dtype,
     device) of y's differentiable leaves. ``symbolic``: each size None is a symbol (``size_conditions``), as is
-    each leaf at ``numbers`` (given as its kind), and ``condition`` says at which sizes and numbers the proof
-    holds; else 0, every size and number is given and the proof is for those."""
+    each leaf at ``numbers`` (a float, given as ``_A_FLOAT``), and ``condition`` says at which sizes and numbers
+    the proof holds; else 0, every size and number is given and the proof is for those."""
     structure = pytree.tree_structure(skeleton)
     count = len(cotangents)
     read: list[_Cotangents] = []
@@ -670,7 +667,7 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
         # tracing context, whose fake mode (dynamic shapes, no real tensor allowed) make_fx would take up.
         with temporarily_clear_interpreter_stack(), torch._guards.tracing(None):
             shapes = [*cotangents, *(flat[k] for k in tensors)]
-            examples = size_conditions.stand_ins(shapes, [flat[k] for k in numbers]) if symbolic else [
+            examples = size_conditions.stand_ins(shapes, len(numbers)) if symbolic else [
                 torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in shapes]
             traced = linear_ops.trace(vjp_of_f, *examples, cotangents=count, fake=True)
             kept = _proven_states(read[-1], traced.states())

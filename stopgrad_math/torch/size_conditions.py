@@ -39,10 +39,10 @@ _LOCK = threading.Lock()
 
 
 def stand_ins(leaves: Sequence[tuple[tuple[int | None, ...], torch.dtype, torch.device]],
-              numbers: Sequence[str] = ()) -> list[Any]:
+              floats: int = 0) -> list[Any]:
     """Fake tensors of the leaves' (shape, dtype, device), each size None a symbol of their own ShapeEnv (no two
-    taken as one because they are equal here), each other size static; then a symbol of that ShapeEnv for each
-    of ``numbers`` ("float" or "int": a Python number whose value Dynamo keeps as a symbol)."""
+    taken as one because they are equal here), each other size static; then ``floats`` float symbols of that
+    ShapeEnv (Python floats whose value Dynamo keeps as a symbol)."""
     from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -56,15 +56,14 @@ def stand_ins(leaves: Sequence[tuple[tuple[int | None, ...], torch.dtype, torch.
         static_shapes=False, symbolic_context=StatelessSymbolicContext(
             dynamic_sizes=[DimDynamic.DYNAMIC if n is None else DimDynamic.STATIC for n in shape]))
         for shape, dtype, device in leaves]
-    for kind in numbers:
-        value, source = _ANY_NUMBER[kind], LocalSource(f"t{len(made)}")
-        symbol = environment.create_unspecified_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
-        make = environment.create_symfloatnode if kind == "float" else environment.create_symintnode
-        made.append(make(symbol, hint=value, source=source))
+    for _ in range(floats):
+        source = LocalSource(f"t{len(made)}")
+        symbol = environment.create_unspecified_symbol(_ANY_FLOAT, source, dynamic_dim=DimDynamic.DYNAMIC)
+        made.append(environment.create_symfloatnode(symbol, hint=_ANY_FLOAT, source=source))
     return made
 
 
-_ANY_NUMBER: dict[str, Any] = {"float": 0.5, "int": _ANY_SIZE}  # their values as a trace reads them
+_ANY_FLOAT = 0.5  # the value of a float symbol as a trace reads it
 
 
 def condition(traced_on: Sequence[Any]) -> int:
@@ -113,7 +112,7 @@ _MATH = types.SimpleNamespace(**{**vars(math), "isnan": _is_nan})
 
 
 def _at_their_values(stand_in: Any) -> Any:
-    """A stand-in at its values (``_ANY_SIZE``, the static sizes, ``_ANY_NUMBER``): a number, or a meta tensor of
+    """A stand-in at its values (``_ANY_SIZE``, the static sizes, ``_ANY_FLOAT``): a number, or a meta tensor of
     the stand-in's shape and strides."""
     def value(n: Any) -> Any:
         return n.node.hint if isinstance(n, (torch.SymInt, torch.SymFloat)) else n
