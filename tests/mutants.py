@@ -482,6 +482,13 @@ def _torch_no_slope_at_a_non_finite_x(original):
     return selected
 
 
+def _no_members(original):
+    """No layer's own parameters followed: a weight only the module's forward reads is reached by no path."""
+    def no_members(value):
+        return []
+    return no_members
+
+
 def _nothing_unrecorded(original):
     """No check of what f computed without grad mode: order=2 with a Function's no_grad forward gives a fraction of
     the Hessian, as before issue 54."""
@@ -896,6 +903,10 @@ MUTANTS = {
         "stopgrad_math.shared.outside_reads", "reader", _outside_tensors_read_once,
         ("tests/test_torch_vjp_as_backward.py::test_under_torch_compile_a_vjp_written_as_a_backward_reading_an_"
          "outside_tensor_is_exact[with torch.no_grad()-compile(fullgraph) backward]",)),
+    "the compiled PyTorch decorator follows no module's own parameters": Mutant(
+        "stopgrad_math.torch.decorator_form", "_module_members", _no_members,
+        ("tests/test_torch_checkpointing.py::test_a_recomputed_block_is_exact_compiled_in_both_modes["
+         "linear-torch.autograd.grad]",)),
     "the JAX compiled embedding keeps what f closes over alive": Mutant(
         "stopgrad_math.jax.decorator_form", "_Call", _embedding_keeps_f,
         ("tests/test_jax_compiled_embedding.py::test_a_compiled_embedding_keeps_no_array_f_or_its_vjp_closes_over",)),

@@ -1,6 +1,6 @@
-"""stopgrad_math.keras on Keras 3's three backends: keras_cases.py in one process per backend (Keras reads
-KERAS_BACKEND once, when it is imported), each skipped, with its reason, where its framework is not installed;
-and what the namespace imports."""
+"""stopgrad_math.keras on Keras 3's three backends: keras_cases.py and keras_checkpointing_cases.py in one process
+per backend (Keras reads KERAS_BACKEND once, when it is imported), each skipped, with its reason, where its
+framework is not installed; and what the namespace imports."""
 
 import importlib.util
 import os
@@ -12,16 +12,18 @@ import pytest
 
 pytest.importorskip("keras")
 
-CASES = pathlib.Path(__file__).with_name("keras_cases.py")
+CASES = ["keras_cases.py", "keras_checkpointing_cases.py"]
 FRAMEWORK = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
 
 
+@pytest.mark.parametrize("cases", CASES)
 @pytest.mark.parametrize("backend", FRAMEWORK)
-def test_the_keras_namespace_on_each_backend(backend):
+def test_the_keras_namespace_on_each_backend(backend, cases):
     if importlib.util.find_spec(FRAMEWORK[backend]) is None:
         pytest.skip(f"{FRAMEWORK[backend]} is not installed, so Keras has no {backend} backend here")
     environment = {**os.environ, "KERAS_BACKEND": backend}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(CASES)]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+               str(pathlib.Path(__file__).with_name(cases))]
     result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-6000:]
     assert " passed" in result.stdout and " skipped" not in result.stdout

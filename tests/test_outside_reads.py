@@ -107,3 +107,20 @@ def test_a_function_of_another_module_is_not_read_through_f_s_globals():
     wanted = outside_reads_helper.GLOBAL_VALUE
     found = outside_reads.paths(f, [1.0], [wanted], lambda value: isinstance(value, Value) or value is wanted)
     assert found is None or outside_reads.reader(f, found)()[0] is wanted
+
+
+def test_a_member_that_only_the_held_objects_own_code_reads_is_found_through_members():
+    """A module's parameter is read by the module's forward, not by f: f's code names the layer alone. Found where
+    ``members`` names it (as the torch namespace names a module's parameters), and read anew; not found else."""
+    bias = Value()
+    layer = Holder(bias=bias)
+
+    def f(x):
+        return x, layer
+
+    assert outside_reads.paths(f, [1.0], [bias], is_leaf) is None
+    found = outside_reads.paths(f, [1.0], [bias], is_leaf, members=lambda value: ["bias", "not an identifier"]
+                                if isinstance(value, Holder) else [])
+    assert found == [("cell", ("layer",), "bias")]
+    layer.bias = bias_now = Value()
+    assert list(outside_reads.reader(f, found)(1.0)) == [bias_now]

@@ -155,22 +155,46 @@ def test_a_recomputed_block_has_the_blocks_derivative_in_forward_mode(name, way,
     torch.testing.assert_close(_forward(WAYS[way](block), x, v, how), truth, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["linear", "layer_norm", "conv2d", "max_pool2d", "relu", "gelu", "softmax"])
-def test_a_recomputed_block_has_the_blocks_gradient_compiled(name, monkeypatch):
-    """Compiled with the decorator, and inside a compiled torch.func.vjp. Each test compiles anew: Dynamo would
+_WITH_WEIGHTS = ["linear", "layer_norm", "group_norm", "conv2d", "prelu", "gru_cell", "lstm_cell"]
+
+
+@pytest.mark.parametrize("way", [*[("torch.func.vjp", name) for name in BLOCKS],
+                                 *[("torch.autograd.grad", name) for name in _WITH_WEIGHTS]],
+                         ids=lambda way_and_name: f"{way_and_name[1]}-{way_and_name[0]}")
+def test_a_recomputed_block_is_exact_compiled_in_both_modes(way, monkeypatch):
+    """Compiled with fullgraph, inside a compiled torch.func.vjp and torch.func.jvp. A module's weights, which its
+    own forward reads, are reached through it (its parameters by name), so a VJP that detaches (autograd.grad) is
+    embedded too. elu's backward is decomposed in the compiled graphs: compiled forward mode of elu_backward at a
+    stopped input crashed the process (an efficient zero tensor written to). Each test compiles anew: Dynamo would
     otherwise take the shared code of ``_reverse`` with another block's shapes for dynamic sizes, where torch
     2.6's convolution double backward raises (``Cannot call numel() on tensor with symbolic sizes``)."""
-    fresh_compilation(monkeypatch)
+    how, name = way
     block = _block(name)
-    x, _, ct = _data(name)
+    x, v, ct = _data(name)
+    with torch.no_grad():
+        backward_truth = torch.func.vjp(block, x)[1](ct)[0]
+        forward_truth = torch.func.jvp(block, (x,), (v,))[1]
+    checkpointed = WAYS[how](block)
+    fresh_compilation(monkeypatch)
+    torch.testing.assert_close(_reverse(checkpointed, x, ct, "compile(fullgraph) func.vjp"), backward_truth,
+                               rtol=1e-10, atol=1e-12)
+    fresh_compilation(monkeypatch)
+    forward = torch.compile(lambda x, v: torch.func.jvp(checkpointed, (x,), (v,))[1], fullgraph=True,
+                            backend="aot_eager")
+    torch.testing.assert_close(forward(x, v), forward_truth, rtol=1e-10, atol=1e-12)
+
+
+def test_a_recomputed_block_is_exact_through_a_compiled_backward(monkeypatch):
+    """The decorated call itself compiled, its gradient taken by backward() outside."""
+    fresh_compilation(monkeypatch)
+    block = _block("conv2d")
+    x, _, ct = _data("conv2d")
     with torch.no_grad():
         truth = torch.func.vjp(block, x)[1](ct)[0]
-    checkpointed = _recomputed_with_func_vjp(block)
     moving = x.clone().requires_grad_(True)
-    (torch.compile(checkpointed, fullgraph=True, backend="aot_eager")(moving) * ct).sum().backward()
+    (torch.compile(_recomputed_with_func_vjp(block), fullgraph=True, backend="aot_eager")(moving) * ct
+     ).sum().backward()
     torch.testing.assert_close(moving.grad, truth, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(_reverse(checkpointed, x, ct, "compile(fullgraph) func.vjp"), truth, rtol=1e-10,
-                               atol=1e-12)
 
 
 def _pullback_closed_over(block):

@@ -6,7 +6,9 @@ A decorator that traced f on its own finds such a tensor as a constant of its
 trace, and knows it only by identity. ``paths`` says where f reaches it: a
 cell of f's closure (or of a function held there, ``DEPTH`` levels deep), a
 global of f's module that f or such a function reads, or one of f's
-arguments; then up to ``DEPTH`` attributes of the names their code reads::
+arguments; then up to ``DEPTH`` attributes, of the names their code reads or
+the members a framework names (a module's parameters, read by the module's own
+code, not f's)::
 
     ("cell", ("w",))    ("cell", ("scale", "w"))    ("global", "W")    ("argument", 0, "weight")
     ("cell", ("self",), "layer", "bias")
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import keyword
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from stopgrad_math.shared.closure_key import names_read
@@ -35,9 +37,11 @@ _MISSING = object()
 
 
 def paths(f: Callable[..., Any], arguments: Sequence[Any], wanted: Sequence[Any],
-          is_leaf: Callable[[Any], bool]) -> list[Path] | None:
+          is_leaf: Callable[[Any], bool],
+          members: Callable[[Any], Iterable[str]] = lambda value: ()) -> list[Path] | None:
     """A path for each of ``wanted`` (by identity), in its order; None where one is not found. ``arguments``: the
-    leaves f was called on; ``is_leaf``: a value whose attributes are not followed (an array)."""
+    leaves f was called on; ``is_leaf``: a value whose attributes are not followed (an array); ``members``: the
+    attribute names a value holds for code that is not f's (a module's parameters, buffers and submodules)."""
     if not wanted:
         return []
     if not isinstance(f, types.FunctionType):
@@ -53,7 +57,8 @@ def paths(f: Callable[..., Any], arguments: Sequence[Any], wanted: Sequence[Any]
             if id(value) in targets:
                 found.setdefault(id(value), path)
             elif level < DEPTH and not is_leaf(value) and not isinstance(value, _NOT_FOLLOWED):
-                following += [((*path, name), child) for name in attributes
+                named = sorted({*attributes, *(n for n in members(value) if n.isidentifier())})
+                following += [((*path, name), child) for name in named
                               if (child := _attribute(value, name)) is not _MISSING]
         roots = following
     if len(found) < len(targets):

@@ -45,6 +45,7 @@ import dataclasses
 import itertools
 import logging
 import pathlib
+import sys
 import types
 import typing
 import warnings
@@ -706,7 +707,7 @@ def _routed(f: Callable[..., Any], traced: linear_ops.Traced, flat: Sequence[Any
         return []
     if order == 1 and as_written():  # (order 2 embeds the graphs alone: their derivatives are mapped_zero's)
         return None
-    reads = outside_reads.paths(f, flat, outside, _is_shape) if numbers else None
+    reads = outside_reads.paths(f, flat, outside, _is_shape, _module_members) if numbers else None
     if reads is None:
         raise NotEmbeddable(f"The vjp of {name_of(f)} computes without grad mode (no_grad, set_grad_enabled(False), "
                          "inference_mode, @once_differentiable), branches on it, changes its cotangent in place or "
@@ -753,6 +754,20 @@ _READERS = types.ModuleType("stopgrad_math.torch.decorator_form._READERS")
 f, reading f's cells and globals at each call and guarding them as it guards f's reads."""
 _READER_NAMES: weakref.WeakKeyDictionary[Callable[..., Any], dict[int, str]] = weakref.WeakKeyDictionary()
 _READER_NUMBERS = itertools.count()
+
+
+def _module_members(value: Any) -> list[str]:
+    """What a layer's own code reads, not f's: a module's parameters, buffers and submodules; a Keras layer's
+    variables and layers (its attributes), and a Keras variable's tensor, its ``value``."""
+    members = [*value._parameters, *value._buffers, *value._modules] if isinstance(value, torch.nn.Module) else []
+    keras = sys.modules.get("keras")  # (a Keras layer is of Keras's, imported by whoever made one)
+    if keras is None:
+        return members
+    if isinstance(value, keras.Variable):
+        return ["value"]
+    if isinstance(value, keras.layers.Layer):
+        members += [name for name, held in vars(value).items() if isinstance(held, keras.Variable | keras.layers.Layer)]
+    return members
 
 
 def _is_shape(value: Any) -> bool:
@@ -823,10 +838,12 @@ def _maps(traced: linear_ops.Traced, positions: list[int], kept_examples: list[t
 
     read = [traced.constants[k].detach() for k in outside]
     with linear_ops.exclusive():
-        vjp_module = linear_ops.make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples, *read)
+        vjp_module = linear_ops.make_fx(vjp_map, tracing_mode="fake", _allow_non_fake_inputs=True,
+                                        decomposition_table=linear_ops.compiled_decompositions())(*examples, *read)
         # v's stand-ins made anew: make_fx binds its inputs by identity, and a kept leaf's example may be among
         # the examples
-        transpose_module = linear_ops.make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True)(
+        transpose_module = linear_ops.make_fx(transposed, tracing_mode="fake", _allow_non_fake_inputs=True,
+                                              decomposition_table=linear_ops.compiled_decompositions())(
             *[torch.empty_like(e) for e in kept_examples], *examples[count:], *read)
         for module in (vjp_module, transpose_module):  # the pullback's primal computation is dead
             linear_ops.runnable(module)  # (first: its stops' markers are dead too)

@@ -201,8 +201,9 @@ RULES: dict[str, _Rule] = {
        for name in _LAYER_BACKWARDS},
     **{name: _cast for name in _CASTS},
     "constant_pad_nd": _linear_in((0,), zero=(2,)),
+    # (a scatter's output is self where the view is not, src where it is: chosen by position alone)
     **{name: _linear_in((0, 1)) for name in ("add", "sub", "rsub", "complex", "slice_scatter", "select_scatter",
-                                            "diagonal_scatter")},
+                                            "diagonal_scatter", "as_strided_scatter")},
     **{name: _linear_in((0,)) for name in ("cat", "stack")},  # one argument: the list of tensors
     "where": _linear_in((1, 2), "chooses by the cotangent's values"),
     "masked_fill": _linear_in((0, 2), "chooses by the cotangent's values"),
@@ -396,6 +397,18 @@ def _decompositions() -> dict[Any, Callable[..., Any]]:
     # (not hardsigmoid_backward: PyTorch's kernel scales by 1/6 in float32 whatever the dtype, its decomposition
     # in the dtype, so the decomposed backward would not be the VJP the user wrote; it stays refused)
     return get_decompositions([aten.silu_backward, aten.mish_backward, aten.native_group_norm_backward])
+
+
+@functools.cache
+def compiled_decompositions() -> dict[Any, Callable[..., Any]]:
+    """``_decompositions``, and elu_backward's, for the graphs a compiled call runs. Compiled, the forward mode of
+    elu_backward at a constant input (the stopped x a VJP's graph reads) gives that input's tangent as an
+    efficient zero tensor, which has no storage, and AOTAutograd's runtime and Inductor's CPU kernels write into
+    it: the process crashes (torch 2.13; pytorch#197086, #197067). Traced as its ATen ops, it makes none that
+    reaches a kernel. (Eagerly elu_backward stays itself: its kernel's rounding is the VJP the user wrote.)"""
+    from torch._decomp import get_decompositions
+
+    return {**_decompositions(), **get_decompositions([torch.ops.aten.elu_backward])}
 
 
 _TRACING = threading.RLock()  # make_fx keeps global state (its CURRENT_PATCHER): one trace at a time
