@@ -78,24 +78,53 @@ def _forward(fn, x, tangent):
     return accumulator.jvp(y)
 
 
-@pytest.mark.parametrize("mode", ["eager", "tf.function"])
-@pytest.mark.parametrize("name", BLOCKS)
+def _in_mode(mode, way, fn, x, direction):
+    """``way(fn, x, direction)`` eagerly, in a tf.function, or compiled by XLA."""
+    if mode == "eager":
+        return way(fn, x, direction)
+    return tf.function(lambda x, direction: way(fn, x, direction), jit_compile=mode == "xla")(x, direction)
+
+
+MODES = ["eager", "tf.function", "xla"]
+# XLA has no float64 MaxPoolGradGrad, which J·v of a max pool's gradient is: tested apart, as that limit.
+_CASES = [(name, mode) for name in BLOCKS for mode in MODES if (name, mode) != ("max_pool2d", "xla")]
+
+
+@pytest.mark.parametrize(("name", "mode"), _CASES)
 def test_a_recomputed_block_has_the_blocks_gradient(name, mode):
     block = _block(name)
     x, _, upstream = _data(name)
-    truth = _reverse(block, x, upstream)
-    checkpointed = _recomputed(block)
-    got = _reverse(checkpointed, x, upstream) if mode == "eager" else tf.function(
-        lambda: _reverse(checkpointed, x, upstream))()
-    np.testing.assert_allclose(got, truth, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(_in_mode(mode, _reverse, _recomputed(block), x, upstream), _reverse(block, x, upstream),
+                               rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", BLOCKS)
-def test_a_recomputed_block_has_the_blocks_derivative_in_forward_mode(name):
+@pytest.mark.parametrize(("name", "mode"), _CASES)
+def test_a_recomputed_block_has_the_blocks_derivative_in_forward_mode(name, mode):
     block = _block(name)
     x, tangent, _ = _data(name)
-    np.testing.assert_allclose(_forward(_recomputed(block), x, tangent), _forward(block, x, tangent), rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(_in_mode(mode, _forward, _recomputed(block), x, tangent), _forward(block, x, tangent),
+                               rtol=1e-10, atol=1e-12)
+
+
+def _max_pool(x):
+    return tf.nn.max_pool2d(x, 2, 2, "VALID")
+
+
+def test_a_float64_max_pool_under_xla_raises_as_tensorflow_does():
+    """J·v of MaxPoolGrad is MaxPoolGradGrad, which XLA implements for float32 and not float64. TensorFlow's own
+    forward mode of the block raises there, and so does the decorator, in both modes, naming the op (a limit in
+    reverse mode, where the block's own gradient compiles: tf.custom_gradient gives it); float32 is exact."""
+    rng = np.random.default_rng(0)
+    x, tangent, upstream = (tf.constant(rng.standard_normal(shape)) for shape in ((1, 4, 4, 2),) * 2 + ((1, 2, 2, 2),))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="MaxPoolGradGrad"):
+        _in_mode("xla", _forward, _max_pool, x, tangent)
+    for way, direction in ((_reverse, upstream), (_forward, tangent)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="MaxPoolGradGrad"):
+            _in_mode("xla", way, _recomputed(_max_pool), x, direction)
+    x, tangent, upstream = (tf.cast(t, tf.float32) for t in (x, tangent, upstream))
+    for way, direction in ((_reverse, upstream), (_forward, tangent)):
+        np.testing.assert_allclose(_in_mode("xla", way, _recomputed(_max_pool), x, direction),
+                                   way(_max_pool, x, direction), rtol=1e-6)
 
 
 def test_a_gradient_op_with_the_upstream_in_a_saved_input_is_not_linear():

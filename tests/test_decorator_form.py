@@ -1234,8 +1234,11 @@ def test_a_wrong_count_of_gradients_is_said_as_tensorflow_says_it():
 
 def test_a_wrong_gradient_for_an_argument_nobody_differentiates_is_refused_only_where_it_may_be_asked():
     """HGQ's clip gives its scalar bounds gradients of x's shape. Eagerly, where only x is watched, TensorFlow
-    never reads them, and neither does the decorator: x's gradient as tf.custom_gradient gives it. Where a bound
-    is watched, or in a graph (where tf.gradients may ask for any tensor later), it is refused naming it."""
+    never reads them, and neither does the decorator: x's gradient as tf.custom_gradient gives it; where a bound
+    is watched it is refused at the call, naming it. In a graph, where tf.gradients may ask for any tensor later,
+    it is refused when the bound's derivative is asked (a ValueError naming it, from tf.gradients, a tape or an
+    accumulator), and x's gradient is given (tf.custom_gradient's IdentityN refuses that too); at order 2 at the
+    call."""
     def clip_with(decorator):
         @decorator
         def clip(x, lower, upper):
@@ -1254,5 +1257,19 @@ def test_a_wrong_gradient_for_an_argument_nobody_differentiates_is_refused_only_
     with pytest.raises(ValueError, match=r"args\[1\]"), tf.GradientTape() as tape:
         tape.watch([x, lower])
         clip_with(custom_gradient)(x, lower, upper)
+    in_graph = tf.function(lambda x: tf.gradients(clip_with(custom_gradient)(x, lower, upper), x))(x)
+    np.testing.assert_array_equal(in_graph[0], gradients[0])
+    refused = r"shape \(2,\) for args\[1\]"
+    with pytest.raises(ValueError, match=refused):
+        tf.function(lambda x, lower: tf.gradients(clip_with(custom_gradient)(x, lower, upper), lower))(x, lower)
+
+    @tf.function
+    def bound_tangent(x, lower):
+        with tf.autodiff.ForwardAccumulator(lower, tf.constant(1.0)) as accumulator:
+            y = clip_with(custom_gradient)(x, lower, upper)
+        return accumulator.jvp(y)
+
+    with pytest.raises(ValueError, match=refused):
+        bound_tangent(x, lower)
     with pytest.raises(ValueError, match=r"args\[1\]"):
-        tf.function(lambda x: tf.gradients(clip_with(custom_gradient)(x, lower, upper), x))(x)
+        tf.function(lambda x: tf.gradients(clip_with(lambda f: custom_gradient(f, order=2))(x, lower, upper), x))(x)

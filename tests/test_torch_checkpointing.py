@@ -197,6 +197,46 @@ def test_a_recomputed_block_is_exact_through_a_compiled_backward(monkeypatch):
     torch.testing.assert_close(moving.grad, truth, rtol=1e-10, atol=1e-12)
 
 
+def _recomputed_with_func_grad(block):
+    """The VJP as torch.func.grad of ⟨block(x), ct⟩, as a user who thinks in gradients writes it."""
+    @sgm.custom_gradient
+    def checkpointed(x):
+        return block(x), lambda ct: torch.func.grad(lambda x: (block(x) * ct).sum())(x)
+
+    return checkpointed
+
+
+def _recomputed_with_jacrev(block):
+    """The VJP as ct times torch.func.jacrev's Jacobian of the block."""
+    @sgm.custom_gradient
+    def checkpointed(x):
+        def vjp(ct):
+            jacobian = torch.func.jacrev(block)(x).reshape(ct.numel(), x.numel())
+            return (ct.reshape(1, -1) @ jacobian).reshape(x.shape)
+
+        return block(x), vjp
+
+    return checkpointed
+
+
+@pytest.mark.parametrize("name", ["linear", "layer_norm", "conv2d", "gelu", "softmax"])
+@pytest.mark.parametrize("recomputed", [_recomputed_with_func_grad, _recomputed_with_jacrev],
+                         ids=["torch.func.grad", "torch.func.jacrev"])
+def test_a_vjp_made_with_torch_func_grad_or_jacrev_is_exact_under_every_transform(name, recomputed):
+    """torch.func.grad and jacrev inside the VJP (issue 57): exact in reverse and forward mode, eagerly and under
+    the outer torch.func transforms, never a zero."""
+    block = _block(name)
+    x, v, ct = _data(name)
+    with torch.no_grad():
+        backward_truth = torch.func.vjp(block, x)[1](ct)[0]
+        forward_truth = torch.func.jvp(block, (x,), (v,))[1]
+    checkpointed = recomputed(block)
+    for how in ("backward", "func.vjp", "func.jacrev"):
+        torch.testing.assert_close(_reverse(checkpointed, x, ct, how), backward_truth, rtol=1e-10, atol=1e-12)
+    for how in ("forward_ad", "func.jvp", "func.jacfwd", "func.vmap(func.jvp)"):
+        torch.testing.assert_close(_forward(checkpointed, x, v, how), forward_truth, rtol=1e-10, atol=1e-12)
+
+
 def _pullback_closed_over(block):
     @sgm.custom_gradient
     def checkpointed(x):

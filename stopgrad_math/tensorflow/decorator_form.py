@@ -215,6 +215,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
             probe = evaluation.probe(plan, persistent=True)          # would record nothing: made now, and kept
         return recorded_term.attached(plan, lambda tangents: _TERMS[route](plan, probe, _Along(tangents)))
     terms = _TERMS[route](plan, probe)
+    _refusal_terms(plan, terms)
     if nested_calls.current() is None:
         _guard_second_derivatives(plan, terms)
     return plan.with_terms(terms)
@@ -229,6 +230,34 @@ def _unwatched(plan: Plan) -> bool:
     if any(gradient_components.is_variable_or_composite(c.value) for c in components):
         return False  # a variable is watched when it is read, not as a tensor
     return not _tf_internal.gradient_possible([c.tensor for c in components])
+
+
+def _refusal_terms(plan: Plan, terms: dict[int, list[tf.Tensor]]) -> None:
+    """In a graph, grad_fn's wrong gradient for an argument (``Plan.refused``) is refused where that argument's
+    derivative is asked: one more zero term on each output, whose derivative w.r.t. that argument raises the
+    refusal (``_refused``: where tf.gradients, a tape or an accumulator reaches it), and which asks nothing of the
+    other arguments."""
+    for name, message in plan.refused.items():
+        component = next(c for c in plan.arguments.components if c.name == name)
+        zero = identity.zero_with_slope(component.tensor, False)  # +0.0 at every element, slope 1
+        zero = tf.math.real(zero) if identity.is_complex(zero.dtype) else zero
+        refusal = _refused(tf.reduce_sum(zero), message)
+        for i in plan.outputs.differentiable:
+            terms.setdefault(i, []).append(identity.cast(refusal, plan.outputs.components[i].tensor.dtype))
+
+
+def _refused(zero: tf.Tensor, message: str) -> tf.Tensor:
+    """``zero``, whose derivative raises ``message`` as a ValueError: tf.custom_gradient's, which tf.gradients, the
+    tapes and the accumulators all ask (a PreventGradient's LookupError would say "Gradient explicitly disabled")."""
+
+    @tf.custom_gradient  # type: ignore[untyped-decorator]
+    def refused(zero: tf.Tensor) -> Any:
+        def gradient(upstream: tf.Tensor) -> tf.Tensor:
+            raise ValueError(message)
+
+        return tf.identity(zero), gradient
+
+    return refused(zero)
 
 
 def _guard_second_derivatives(plan: Plan, terms: dict[int, list[tf.Tensor]]) -> None:

@@ -79,6 +79,7 @@ class Plan:
     boxes: list[transposition.Box] = dataclasses.field(default_factory=list)  # nested decorated calls
     deferred: bool = False  # a deferred call's (``deferred_calls``): grad_fn runs when a derivative is asked
     unasked: frozenset[str] = frozenset()  # arguments whose gradient nothing can ask for (``unasked``)
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)  # in a graph: a wrong gradient's refusal
 
     def gradients(self, upstreams: dict[int, Any]) -> list[Gradient]:
         """grad_fn(upstreams), checked and paired with the components they belong to."""
@@ -92,7 +93,23 @@ class Plan:
                 counts = len(flat), len(self.variables)
                 raise ValueError(f"grad_fn returned {counts[0]} variable gradients for {counts[1]} variables.")
             pairs += [(c, g) for c, g in zip(self.variables, flat, strict=True) if g is not None]
-        return [gradient for c, g in pairs if (gradient := _checked_where_asked(c, g, self.unasked)) is not None]
+        return [gradient for c, g in pairs if (gradient := self._checked_where_asked(c, g)) is not None]
+
+    def _checked_where_asked(self, component: Component, gradient: Any) -> Gradient | None:
+        """grad_fn's gradient for a component, checked (``grad_fn_conventions.checked``). A wrong one (its shape,
+        its dtype) is refused where that component's gradient is asked for: eagerly at once where a tape or an
+        accumulator watches it, and dropped where none does (``unasked``), as TensorFlow never reads that gradient
+        (HGQ's clip gives its bounds gradients of x's shape); in a graph at order 1, where tf.gradients may ask
+        for it later or never, kept in ``refused`` for the decorator to raise when it is asked."""
+        try:
+            return grad_fn_conventions.checked(component, gradient)
+        except ValueError as error:
+            if component.name in self.unasked:
+                return None
+            if not tf.executing_eagerly() and self.order == 1:
+                self.refused[component.name] = str(error)
+                return None
+            raise
 
     def gradients_at(self, upstreams: dict[int, tf.Tensor]) -> list[Gradient]:
         """grad_fn on upstreams given as dense tensors, one per differentiable output (rebuilt as its kind)."""
@@ -102,18 +119,6 @@ class Plan:
         """f's value with zero terms attached to output components: y bit for bit, derivative theirs."""
         attached = {i: identity.attach(self.outputs.components[i].tensor, t) for i, t in terms.items() if t}
         return self.outputs.with_tensors(attached)
-
-
-def _checked_where_asked(component: Component, gradient: Any, unasked: frozenset[str]) -> Gradient | None:
-    """grad_fn's gradient for a component, checked (``grad_fn_conventions.checked``); a wrong one (its shape,
-    its dtype) is refused where that component's gradient may be asked for, and dropped where it cannot be
-    (``unasked``), as TensorFlow never reads that gradient (HGQ's clip gives its bounds gradients of x's shape)."""
-    try:
-        return grad_fn_conventions.checked(component, gradient)
-    except ValueError:
-        if component.name in unasked:
-            return None
-        raise
 
 
 def unasked(arguments: Flattened) -> frozenset[str]:
