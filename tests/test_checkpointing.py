@@ -106,6 +106,29 @@ def test_a_recomputed_block_has_the_blocks_derivative_in_forward_mode(name, mode
                                rtol=1e-10, atol=1e-12)
 
 
+def _transposed_gradient(block, x, tangent, upstream):
+    """J·v as the transpose of the block's gradient, a linear map of the upstream: TensorFlow's autodiff of it."""
+    with tf.GradientTape() as outer:
+        outer.watch(upstream)
+        gradient = _reverse(block, x, upstream)
+        total = tf.reduce_sum(gradient * tangent)
+    return outer.gradient(total, upstream)
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_a_recomputed_block_at_nan_and_inf_has_the_gradients_derivative(name):
+    """x holding NaN, inf and -inf: the gradient is the block's gradient at x, and J·v its transpose (TensorFlow's
+    autodiff of the gradient as a linear map of the upstream), NaN and inf where those are, in a tf.function."""
+    block = _block(name)
+    x, tangent, upstream = _data(name)
+    x = tf.constant(np.concatenate([[np.nan, np.inf, -np.inf], x.numpy().reshape(-1)[3:]]).reshape(x.shape))
+    checkpointed = _recomputed(block)
+    np.testing.assert_allclose(_in_mode("tf.function", _reverse, checkpointed, x, upstream),
+                               _reverse(block, x, upstream), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(_in_mode("tf.function", _forward, checkpointed, x, tangent),
+                               _transposed_gradient(block, x, tangent, upstream), rtol=1e-10, atol=1e-12)
+
+
 def _max_pool(x):
     return tf.nn.max_pool2d(x, 2, 2, "VALID")
 

@@ -708,6 +708,31 @@ _CHECKPOINTED_BLOCKS = {
 }
 
 
+@pytest.mark.parametrize("name", _CHECKPOINTED_BLOCKS)
+def test_a_recomputed_block_at_nan_and_inf_has_the_vjps_derivative(name):
+    """x holding NaN, inf and -inf: the cotangent is the VJP's, and the tangent its transpose's (JAX's autodiff of
+    the pullback as a linear map), NaN and inf where those are, eagerly and under jit."""
+    block = _CHECKPOINTED_BLOCKS[name]
+
+    @sgm.custom_gradient
+    def checkpointed(x):
+        return block(x), lambda ct: (jax.vjp(block, x)[1](ct)[0],)
+
+    x = np.random.default_rng(7).standard_normal((1, 4, 4, 2)).astype(np.float32)
+    x.reshape(-1)[:3] = [np.nan, np.inf, -np.inf]
+    x = jnp.asarray(x)
+    ct = jnp.asarray(np.random.default_rng(8).standard_normal(block(x).shape), jnp.float32)
+    tangent = jnp.asarray(np.random.default_rng(9).standard_normal(x.shape), jnp.float32)
+    pullback = jax.vjp(block, x)[1]
+    backward_truth = pullback(ct)[0]
+    forward_truth = jax.vjp(lambda c: pullback(c)[0], jnp.zeros_like(ct))[1](tangent)[0]
+    for wrap in (lambda fn: fn, jax.jit):  # (float32: two orders of the same sums, as above)
+        np.testing.assert_allclose(wrap(lambda x, ct: jax.vjp(checkpointed, x)[1](ct)[0])(x, ct), backward_truth,
+                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(wrap(lambda x, t: jax.jvp(checkpointed, (x,), (t,))[1])(x, tangent),
+                                   forward_truth, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("transform", ["grad", "jit(grad)", "jvp", "jit(jvp)", "jacrev", "jacfwd", "vmap(grad)"])
 @pytest.mark.parametrize("name", _CHECKPOINTED_BLOCKS)
 def test_a_recomputed_block_has_the_blocks_derivative(name, transform):

@@ -197,6 +197,32 @@ def test_a_recomputed_block_is_exact_through_a_compiled_backward(monkeypatch):
     torch.testing.assert_close(moving.grad, truth, rtol=1e-10, atol=1e-12)
 
 
+def _with_non_finite_entries(x):
+    x = x.clone()
+    x.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=x.dtype)
+    return x
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_a_recomputed_block_at_nan_and_inf_has_the_vjps_derivative(name):
+    """x holding NaN, inf and -inf: the gradient is the VJP's, and J·v its transpose's (PyTorch's autodiff of the
+    pullback as a linear map), NaN and inf where those are, in both modes. Not the block's own JVP: PyTorch's
+    forward mode of a linear layer at a NaN input is NaN everywhere (the weight's zero tangent times x), where J·v
+    is finite."""
+    block = _block(name)
+    x, v, ct = _data(name)
+    x = _with_non_finite_entries(x)
+    with torch.no_grad():
+        pullback = torch.func.vjp(block, x)[1]
+        backward_truth = pullback(ct)[0]
+        forward_truth = torch.func.vjp(lambda c: pullback(c)[0], torch.zeros_like(ct))[1](v)[0]
+    checkpointed = _recomputed_with_func_vjp(block)
+    torch.testing.assert_close(_reverse(checkpointed, x, ct, "backward"), backward_truth, rtol=1e-10, atol=1e-12,
+                               equal_nan=True)
+    torch.testing.assert_close(_forward(checkpointed, x, v, "func.jvp"), forward_truth, rtol=1e-10, atol=1e-12,
+                               equal_nan=True)
+
+
 def _recomputed_with_func_grad(block):
     """The VJP as torch.func.grad of ⟨block(x), ct⟩, as a user who thinks in gradients writes it."""
     @sgm.custom_gradient
