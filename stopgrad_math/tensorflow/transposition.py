@@ -190,7 +190,10 @@ class _Walk:
             return self._loop(op, bodies, arguments)
         carried = [False] * len(op.outputs)
         for body in bodies:
-            for k, out in enumerate(self._body(op, body, arguments)):
+            # (CI once met a body with more outputs than its call, under forward over reverse in a tf.function: a
+            # forward function TensorFlow makes for a tape returns the call's outputs, then the intermediates it
+            # saves; the call's are the first)
+            for k, out in enumerate(self._body(op, body, arguments)[:len(op.outputs)]):
                 carried[k] = carried[k] or out
         return [t for t, c in zip(op.outputs, carried, strict=True) if c]
 
