@@ -54,6 +54,7 @@ LINEAR = {  # case: (vjp, an ATen op its graph must hold)
     "detach and .data": (lambda ct: ct.detach() * 2 + ct.data * S, "detach_copy"),
     "a literal zero written in (g[i] = 0)": (lambda ct: _zeroed(ct * S), "fill"),
     "a cotangent written into zeros": (lambda ct: _written_into(torch.zeros(4), ct[:2] * 2), "slice_scatter"),
+    "a strided view written into zeros": (lambda ct: _strided_into(torch.zeros(4), ct), "as_strided_scatter"),
 }
 
 REFUSED = {  # case: (vjp, the op the finding names, what its reason says)
@@ -70,6 +71,7 @@ REFUSED = {  # case: (vjp, the op the finding names, what its reason says)
     "affine": (lambda ct: ct + 1, "add", "affine"),
     "scatter into a constant": (lambda ct: S.scatter_add(0, IDX, ct), "scatter_add", "affine"),
     "a slice written into a constant": (lambda ct: _written_into(S, ct), "slice_scatter", "affine"),
+    "a strided view written into a constant": (lambda ct: _strided_into(S, ct), "as_strided_scatter", "affine"),
     "pad with a value that is not zero": (lambda ct: F.pad(ct, (1, 1), value=1.0), "constant_pad_nd",
                                           "not zero"),
     "cast to an integer": (lambda ct: (ct * 10).to(torch.int32).float(), "_to_copy", "torch.int32"),
@@ -85,6 +87,14 @@ def _zeroed(g):
 def _written_into(base, ct):
     g = base.clone()
     g[1:3] = ct[1:3]
+    return g
+
+
+def _strided_into(base, ct):
+    """ct's first two elements written into every other element of a copy of base, by strides (as Keras 3.5's
+    torch convolutions write): functionalized, an as_strided_scatter."""
+    g = base.clone()
+    g.as_strided((2,), (2,)).copy_(ct[:2])
     return g
 
 
