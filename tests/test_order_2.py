@@ -8,6 +8,10 @@ cross-entropy whose declared gradient w.r.t. the targets assumes they sum to one
 Jacobian is not symmetric).
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -438,3 +442,31 @@ def test_sparse_gradients_of_a_table_stay_sparse_and_match_order_1():
         tangents.append(accumulator.jvp(y).numpy())
     np.testing.assert_array_equal(tangents[1], tangents[0])
     np.testing.assert_array_equal(tangents[1], np.full([3, 3], 2.0))
+
+
+_CACHED_ZEROS = """
+import numpy as np, tensorflow as tf, stopgrad_math as sgm
+@sgm.custom_gradient(order=2)
+def negate(x):
+    return -x, lambda ct: -ct
+x = tf.zeros([2], tf.float32)
+USER_FIRST
+with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = negate(x)
+user = tf.constant(0.0, tf.float32)
+print(np.signbit(y.numpy()).all(), np.signbit(user.numpy()), (1.0 / tf.constant(0.0)).numpy())
+"""
+
+
+@pytest.mark.parametrize("user_first", [False, True], ids=["library first", "user first"])
+def test_order_2_neither_takes_nor_leaves_a_cached_zero_of_the_wrong_sign(user_first):
+    """TensorFlow's eager cache of converted Python scalars keys -0.0 and 0.0 alike. An order=2 call adds -0.0
+    to y (y = -0.0 stays -0.0); the user's tf.constant(0.0) made before it must not turn that into +0.0, and
+    the call must not turn the user's later tf.constant(0.0) into -0.0 (1 / it -inf). In a fresh process each,
+    as the cache lives as long as the process."""
+    code = _CACHED_ZEROS.replace("USER_FIRST", "tf.constant(0.0, tf.float32); tf.constant(0.0)" if user_first else "")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "False", "inf"]

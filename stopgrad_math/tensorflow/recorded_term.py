@@ -26,6 +26,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from stopgrad_math.tensorflow import _tf_internal, identity
@@ -68,8 +69,11 @@ def attached(plan: Plan, order_1_terms: Callable[[dict[str, tf.Tensor]], Terms])
 
 def _negative_zeros(y: tf.Tensor) -> tf.Tensor:
     """−0.0 in y's shape and dtype (both parts of a complex one): y + (−0.0) is y for every y, −0.0 and NaN too."""
+    # From a NumPy array, never a Python float: TensorFlow's eager cache of converted Python scalars keys −0.0
+    # and 0.0 alike, so tf.constant(-0.0) is +0.0 after a user's tf.constant(0.0), and turns every later
+    # tf.constant(0.0) of the user's into −0.0 (1 / it then −inf).
     negative_zero = complex(-0.0, -0.0) if identity.is_complex(y.dtype) else -0.0
-    return tf.fill(tf.shape(y), tf.constant(negative_zero, y.dtype))
+    return tf.fill(tf.shape(y), tf.constant(np.array(negative_zero, y.dtype.as_numpy_dtype)))
 
 
 def _by_input(gradients: list[Gradient], arguments: list[Any]) -> list[Any]:
