@@ -489,6 +489,15 @@ def _no_members(original):
     return no_members
 
 
+def _forward_mode_zeros(original):
+    """The reverse-only terms' forward function gives zero tangents, as tf.custom_gradient's may, not a refusal."""
+    import tensorflow as tf
+
+    def zeros_instead(message, zeros):
+        return lambda *tangents: [tf.zeros_like(z) for z in zeros]
+    return zeros_instead
+
+
 def _nothing_unrecorded(original):
     """No check of what f computed without grad mode: order=2 with a Function's no_grad forward gives a fraction of
     the Hessian, as before issue 54."""
@@ -903,6 +912,10 @@ MUTANTS = {
         "stopgrad_math.shared.outside_reads", "reader", _outside_tensors_read_once,
         ("tests/test_torch_vjp_as_backward.py::test_under_torch_compile_a_vjp_written_as_a_backward_reading_an_"
          "outside_tensor_is_exact[with torch.no_grad()-compile(fullgraph) backward]",)),
+    "the TensorFlow decorator's reverse-only route gives forward mode zeros": Mutant(
+        "stopgrad_math.tensorflow.decorator_form", "_refusing_forward_mode", _forward_mode_zeros,
+        ("tests/test_checkpointing.py::test_a_gradient_op_tensorflow_cannot_differentiate_gives_tf_custom_gradients_"
+         "reverse_mode[softsign-eager]",)),
     "the compiled PyTorch decorator follows no module's own parameters": Mutant(
         "stopgrad_math.torch.decorator_form", "_module_members", _no_members,
         ("tests/test_torch_checkpointing.py::test_a_recomputed_block_is_exact_compiled_in_both_modes["

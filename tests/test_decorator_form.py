@@ -866,9 +866,13 @@ def test_opaque_grad_fns_of_a_small_y_get_their_jacobian_from_unit_upstreams(mak
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("make", [opaque_cube, prevented_cube], ids=["numpy_function", "PreventGradient"])
-def test_opaque_grad_fns_of_a_larger_y_are_refused_naming_the_way_out(make, mode):
-    with pytest.raises(ValueError, match=r"at most 16 elements .*identity form"):  # while tracing, in graphs
-        in_mode(lambda x: vjp(make(False), x), mode)(tf.range(17, dtype=tf.float32))
+def test_opaque_grad_fns_of_a_larger_y_give_reverse_mode_and_refuse_forward_mode_naming_the_way_out(make, mode):
+    """Reverse mode is grad_fn(upstream), as tf.custom_gradient's; forward mode raises (while tracing, in graphs)."""
+    x, upstream = tf.range(17, dtype=tf.float32), tf.range(17, dtype=tf.float32) - 8.0
+    np.testing.assert_allclose(in_mode(lambda x: vjp(make(False), x, upstream), mode)(x), upstream * 3.0 * x**2,
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match=r"Forward mode .*at most 16 elements .*identity form"):
+        in_mode(lambda x: jvp(make(False), x, upstream), mode)(x)
 
 
 def test_grad_fn_nonzero_at_zero_is_refused():

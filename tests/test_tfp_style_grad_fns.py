@@ -288,10 +288,18 @@ def test_grad_fns_the_tape_cannot_transpose_are_exact_for_a_small_y(case, mode):
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("case", ["while_loop(back_prop=False)", "numpy_function"])
-def test_grad_fns_the_tape_sees_only_part_of_are_refused_for_a_larger_y(case, mode):
-    embedded, x = custom_gradient(OPAQUE_CASES[case][0]), tf.range(17, dtype=tf.float64)
-    with pytest.raises(ValueError, match="cannot be transposed"):  # the same decision eagerly, from a trace
-        in_mode(lambda x: vjp(embedded, x), mode)(x)
+def test_grad_fns_the_tape_sees_only_part_of_give_reverse_mode_alone_for_a_larger_y(case, mode):
+    """y of 17 elements, past unit upstreams: reverse mode is grad_fn(upstream), tf.custom_gradient's; forward
+    mode, which needs the transpose the tape cannot see, raises naming the op (the same decision eagerly, from a
+    trace)."""
+    make, x = OPAQUE_CASES[case][0], tf.range(17, dtype=tf.float64)
+    upstream = tf.range(17, dtype=tf.float64) - 5.0
+    got = in_mode(lambda x: vjp(custom_gradient(make), x, upstream), mode)(x)
+    np.testing.assert_array_equal(got, 3 * upstream)
+    np.testing.assert_array_equal(got, in_mode(lambda x: vjp(tf.custom_gradient(make), x, upstream), mode)(x))
+    op = "StopGradient" if case.startswith("while_loop") else "PyFunc"
+    with pytest.raises(ValueError, match=f"Forward mode .*{op}"):
+        in_mode(lambda x: jvp(custom_gradient(make), x, upstream), mode)(x)
 
 
 def test_a_grad_fn_the_tape_sees_whole_through_a_loop_keeps_the_transpose_for_a_large_y():
@@ -356,9 +364,16 @@ def test_gamma_samples_in_a_traced_function_differentiated_from_outside():
 
 
 def test_a_y_whose_size_is_unknown_while_tracing_cannot_take_unit_upstreams():
-    embedded = custom_gradient(_prevented_3x)
-    traced = tf.function(lambda x: vjp(embedded, x), input_signature=[tf.TensorSpec(None, tf.float64)])
-    with pytest.raises(ValueError, match="at most 16 elements known while tracing"):
+    """Reverse mode is grad_fn(upstream), tf.custom_gradient's; forward mode, whose J·v would need unit upstreams,
+    raises naming the op."""
+    spec = [tf.TensorSpec(None, tf.float64)]
+    x = tf.constant([1.0, -2.0, 0.5], tf.float64)
+    ours, theirs = (tf.function(lambda x, decorator=d: vjp(decorator(_prevented_3x), x), input_signature=spec)(x)
+                    for d in (custom_gradient, tf.custom_gradient))
+    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(ours, np.full(3, 3.0))
+    traced = tf.function(lambda x: jvp(custom_gradient(_prevented_3x), x, x), input_signature=spec)
+    with pytest.raises(ValueError, match=r"PreventGradient.*at most 16 elements known while tracing"):
         traced.get_concrete_function()
 
 

@@ -209,12 +209,18 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         return plan.outputs.structure  # no tape or accumulator can ever ask for this call's derivative
     probe = None if tf.executing_eagerly() else evaluation.probe(plan, persistent=True,
                                                                  watch=not routes.one_element(plan))
-    route = routes.route(plan, probe, kwargs, require_proof)
+    chosen = routes.route(plan, probe, kwargs, require_proof)
+    route = chosen.route
+    if route is transposition.Route.REVERSE_ONLY and order == 2:  # J's own derivative needs J·v as well
+        raise ValueError(transposition.OPAQUE_MESSAGE.format(reason=chosen.opaque))
     if order == 2:
         if probe is None and route is transposition.Route.TRANSPOSE:  # a tape made inside the forward function
             probe = evaluation.probe(plan, persistent=True)          # would record nothing: made now, and kept
         return recorded_term.attached(plan, lambda tangents: _TERMS[route](plan, probe, _Along(tangents)))
-    terms = _TERMS[route](plan, probe)
+    if route is transposition.Route.REVERSE_ONLY:
+        terms = _reverse_only_terms(plan, transposition.FORWARD_MODE_MESSAGE.format(reason=chosen.opaque))
+    else:
+        terms = _TERMS[route](plan, probe)
     _refusal_terms(plan, terms)
     if nested_calls.current() is None:
         _guard_second_derivatives(plan, terms)
@@ -230,6 +236,35 @@ def _unwatched(plan: Plan) -> bool:
     if any(gradient_components.is_variable_or_composite(c.value) for c in components):
         return False  # a variable is watched when it is read, not as a tensor
     return not _tf_internal.gradient_possible([c.tensor for c in components])
+
+
+def _reverse_only_terms(plan: Plan, forward_mode_refusal: str) -> dict[int, list[tf.Tensor]]:
+    """Where grad_fn's upstream passes ops no tape follows and y is too large for unit upstreams, J·v cannot be
+    formed: one +0.0 term per output, recorded (``recorded_term.recorded``) with grad_fn(upstream) as its
+    backward, tf.custom_gradient's reverse mode, and a forward function that raises ``forward_mode_refusal``
+    (tf.custom_gradient's own forward mode gives zeros there). grad_fn is linear, so the backward is J's
+    transpose exactly; a second derivative is refused by order 1's guard, as on every route."""
+    outputs = plan.outputs.differentiable
+    arguments = [plan.arguments.components[i] for i in plan.arguments.differentiable] + plan.variables
+    zeros = [tf.zeros_like(plan.outputs.components[i].tensor) for i in outputs]
+
+    def backward(*upstreams: tf.Tensor | None) -> list[Any]:
+        # attach subtracts the terms: each term's upstream is −u, and grad_fn gets u back, bit for bit.
+        asked = {i: -(tf.zeros_like(z) if d is None else d) for i, z, d in zip(outputs, zeros, upstreams, strict=True)}
+        return recorded_term.by_input(plan.gradients_at(asked), arguments)
+
+    terms = recorded_term.recorded("stopgrad_math_reverse_only", zeros, [c.tensor for c in arguments], backward,
+                                   _refusing_forward_mode(forward_mode_refusal, zeros))
+    return {i: [term] for i, term in zip(outputs, terms, strict=True)}
+
+
+def _refusing_forward_mode(message: str, zeros: list[tf.Tensor]) -> Callable[..., list[tf.Tensor]]:
+    """The reverse-only terms' forward function: a ValueError with ``message`` where an accumulator asks."""
+
+    def forward(*tangents: tf.Tensor | None) -> list[tf.Tensor]:
+        raise ValueError(message)
+
+    return forward
 
 
 def _refusal_terms(plan: Plan, terms: dict[int, list[tf.Tensor]]) -> None:

@@ -50,7 +50,7 @@ def attached(plan: Plan, order_1_terms: Callable[[dict[str, tf.Tensor]], Terms])
     def backward(*upstreams: tf.Tensor | None) -> list[Any]:
         dense = {i: tf.zeros_like(zeros[k]) if u is None else u
                  for k, (i, u) in enumerate(zip(plan.outputs.differentiable, upstreams, strict=True))}
-        return _by_input(plan.gradients_at(dense), arguments)
+        return by_input(plan.gradients_at(dense), arguments)
 
     def forward(*tangents: tf.Tensor | None) -> list[tf.Tensor]:
         moving = {c.name: tf.zeros_like(x) if t is None else t for c, x, t in zip(arguments, inputs, tangents,
@@ -59,12 +59,20 @@ def attached(plan: Plan, order_1_terms: Callable[[dict[str, tf.Tensor]], Terms])
         return [identity.attach(tf.zeros_like(z), terms.get(i, [])) for z, i in
                 zip(zeros, plan.outputs.differentiable, strict=True)]
 
-    if not tf.executing_eagerly():  # tf.gradients, and a traced function's gradient, read a registered op
-        zeros = _registered(zeros, inputs, backward)
-    _tf_internal.record_operation("stopgrad_math_order_2", zeros, inputs, backward, forward)
+    zeros = recorded("stopgrad_math_order_2", zeros, inputs, backward, forward)
     summed = {i: tf.raw_ops.AddV2(x=c.tensor, y=z) for i, c, z in
               zip(plan.outputs.differentiable, outputs, zeros, strict=True)}
     return plan.outputs.with_tensors(summed)
+
+
+def recorded(name: str, zeros: list[tf.Tensor], inputs: list[tf.Tensor], backward: Callable[..., list[Any]],
+             forward: Callable[..., list[tf.Tensor]]) -> list[tf.Tensor]:
+    """``zeros`` as the outputs of an op of ``inputs`` recorded on every tape and accumulator, with these backward
+    and forward functions (and, in a graph, registered for ``tf.gradients``)."""
+    if not tf.executing_eagerly():  # tf.gradients, and a traced function's gradient, read a registered op
+        zeros = _registered(zeros, inputs, backward)
+    _tf_internal.record_operation(name, zeros, inputs, backward, forward)
+    return zeros
 
 
 def _negative_zeros(y: tf.Tensor) -> tf.Tensor:
@@ -76,7 +84,7 @@ def _negative_zeros(y: tf.Tensor) -> tf.Tensor:
     return tf.fill(tf.shape(y), tf.constant(np.array(negative_zero, y.dtype.as_numpy_dtype)))
 
 
-def _by_input(gradients: list[Gradient], arguments: list[Any]) -> list[Any]:
+def by_input(gradients: list[Gradient], arguments: list[Any]) -> list[Any]:
     """grad_fn's gradients in the order of the recorded inputs: None where it gave none, tf.IndexedSlices where
     it gave rows."""
     by_name = {g.name: g for g in gradients}
@@ -94,7 +102,7 @@ def _registered(zeros: list[tf.Tensor], inputs: list[tf.Tensor], backward: Calla
                 ) -> list[tf.Tensor]:
     """The zeros passed through an IdentityN whose gradient is ``backward``, as tf.custom_gradient does in a
     graph: a symbolic gradient reads the registry, not the tapes."""
-    name = f"StopgradMathOrder2_{next(_REGISTERED)}"
+    name = f"StopgradMathRecorded_{next(_REGISTERED)}"
 
     def gradient(_: tf.Operation, *upstreams: tf.Tensor) -> list[Any]:
         return [None] * len(zeros) + backward(*upstreams[:len(zeros)])

@@ -12,6 +12,7 @@ upstreams depends on y's size, the dtypes and a replica context, decided here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 from typing import Any
 
@@ -24,7 +25,7 @@ from stopgrad_math.tensorflow.gradient_components import Component
 
 # Eager mode: the route per decorated function (``function_identity``) and input signature.
 ROUTES_KEPT = 1024
-_ROUTES: bounded_cache.BoundedCache[transposition.Route] = bounded_cache.BoundedCache(ROUTES_KEPT)
+_ROUTES: bounded_cache.BoundedCache[Chosen] = bounded_cache.BoundedCache(ROUTES_KEPT)
 
 _UNTRACEABLE = (
     "grad_fn cannot be traced into a graph (it reads tensor values in Python), "
@@ -32,12 +33,21 @@ _UNTRACEABLE = (
 )
 
 
-def route(plan: Plan, probe: Probe | None, kwargs: dict[str, Any], require_proof: bool) -> transposition.Route:
+@dataclasses.dataclass(frozen=True)
+class Chosen:
+    """A call's route, and for ``Route.REVERSE_ONLY`` why J·v cannot be read off grad_fn (forward mode's
+    refusal)."""
+
+    route: transposition.Route
+    opaque: str = ""
+
+
+def route(plan: Plan, probe: Probe | None, kwargs: dict[str, Any], require_proof: bool) -> Chosen:
     """The route for this call: from the ops of the probe while tracing; in eager mode from a trace of grad_fn
     made once per function and input signature (or, where grad_fn cannot be traced, from numerical tests)."""
     one, small = one_element(plan), _small(plan)
     if probe is not None:
-        return transposition.choose_route(probe.findings(plan), one, small)
+        return _chosen(probe.findings(plan), one, small)
     key = _eager_signature(plan, kwargs, require_proof)
     chosen = _ROUTES.get(key) if key is not None else None
     if chosen is None:
@@ -45,12 +55,18 @@ def route(plan: Plan, probe: Probe | None, kwargs: dict[str, Any], require_proof
         if found is None:
             if require_proof:
                 raise ValueError(_UNTRACEABLE)
-            chosen = numerical_linearity.tested_route(plan, one, small)
+            chosen = Chosen(numerical_linearity.tested_route(plan, one, small))
         else:
-            chosen = transposition.choose_route(found, one, small)
+            chosen = _chosen(found, one, small)
         if key is not None:
             _ROUTES.put(key, chosen)
     return chosen
+
+
+def _chosen(found: list[transposition.Finding], one: bool, small: bool) -> Chosen:
+    chosen = transposition.choose_route(found, one, small)
+    reverse_only = chosen is transposition.Route.REVERSE_ONLY
+    return Chosen(chosen, transposition.opaque_reason(found) if reverse_only else "")
 
 
 def _traced_findings(plan: Plan) -> list[transposition.Finding] | None:

@@ -45,6 +45,7 @@ class Route(enum.Enum):
     ONE_ELEMENT = "J = grad_fn(1), embedded by the identity form"
     TRANSPOSE = "J·v read off the tape's transpose of grad_fn"
     UNIT_UPSTREAMS = "J built row by row from grad_fn on unit upstreams"
+    REVERSE_ONLY = "grad_fn applied to the upstream, as tf.custom_gradient applies it; forward mode refused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,10 +268,12 @@ def choose_route(found: Sequence[Finding], one_element: bool, small: bool) -> Ro
         return Route.ONE_ELEMENT
     if not found:
         return Route.TRANSPOSE
-    if small:
-        return Route.UNIT_UPSTREAMS
-    ops = "; ".join(map(str, found))
-    raise ValueError(OPAQUE_MESSAGE.format(reason=f"its ops {ops} take the upstream where no tape follows"))
+    return Route.UNIT_UPSTREAMS if small else Route.REVERSE_ONLY
+
+
+def opaque_reason(found: Sequence[Finding]) -> str:
+    """Why J·v cannot be read off grad_fn's ops: those its upstream passes where no tape follows."""
+    return f"its ops {'; '.join(map(str, found))} take the upstream where no tape follows"
 
 
 _NOT_LINEAR = (
@@ -278,6 +281,13 @@ _NOT_LINEAR = (
     "identity's backward pass is linear), and its ops on the upstream's path are not known to be: {ops}. "
     "Gradient clipping or normalization belongs outside the custom gradient (on the gradients a tape returns); "
     "for a Jacobian you know, use the identity form, custom_gradient(fx, jacobian, x)."
+)
+
+FORWARD_MODE_MESSAGE = (
+    "Forward mode of this decorated call needs J·v, the derivative of grad_fn in its upstream gradient, and "
+    "{reason}; reverse mode gives grad_fn(upstream), as tf.custom_gradient does. Forward mode works where y has at "
+    f"most {SMALL_Y} elements known while tracing (J is then built from grad_fn on unit upstreams), or with the "
+    "Jacobian passed to the identity form, custom_gradient(fx, jacobian, x)."
 )
 
 OPAQUE_MESSAGE = (
