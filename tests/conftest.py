@@ -3,6 +3,11 @@
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Inductor compiles in the process that asks, not in a pool of compile workers (set before PyTorch is imported; the
+# tests' own subprocesses inherit it). On a machine with more cores than this one the pool is started, and its
+# shutdown at a process's exit is known to wait or hang (pytorch/pytorch#162199, fixed after torch 2.6): stop
+# 67's CI ran past its 90 minutes at the end of make test-oldest, every test passed and the run not ended.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import importlib.abc
 import importlib.util
