@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import MODES, in_mode, vjp
+from helpers import MODES, in_mode, jvp, vjp
 
 from stopgrad_math import custom_gradient
 
@@ -85,10 +85,16 @@ def test_a_stop_inside_control_flow_or_a_nested_function_gives_tf_custom_gradien
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", STOPS_INSIDE)
-def test_a_stop_inside_control_flow_is_refused_for_a_larger_y(case, mode):
-    embedded = custom_gradient(_times_3(STOPS_INSIDE[case]))
-    with pytest.raises(ValueError, match="StopGradient"):
-        in_mode(lambda x: vjp(embedded, x), mode)(tf.range(17, dtype=tf.float32))
+def test_a_stop_inside_control_flow_gives_reverse_mode_alone_for_a_larger_y(case, mode):
+    """y of 17 elements, past unit upstreams: reverse mode is grad_fn(upstream), tf.custom_gradient's; forward
+    mode, whose transpose the stop hides, raises naming it."""
+    x, upstream = tf.range(17, dtype=tf.float32), tf.range(17, dtype=tf.float32) - 8.0
+    ours, theirs = (in_mode(lambda x, d=d: vjp(d(_times_3(STOPS_INSIDE[case])), x, upstream), mode)(x)
+                    for d in (custom_gradient, tf.custom_gradient))
+    np.testing.assert_array_equal(ours, 2 * upstream)
+    np.testing.assert_array_equal(ours, theirs)
+    with pytest.raises(ValueError, match=r"Forward mode .*StopGradient"):
+        in_mode(lambda x: jvp(custom_gradient(_times_3(STOPS_INSIDE[case])), x, upstream), mode)(x)
 
 
 WEIGHTS = [[1.0, 2.0, 3.0], [10.0, 20.0, 30.0]]  # per replica: the sum of both is the truth
