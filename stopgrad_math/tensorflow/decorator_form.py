@@ -242,7 +242,8 @@ def _reverse_only_terms(plan: Plan, forward_mode_refusal: str) -> dict[int, list
     """Where grad_fn's upstream passes ops no tape follows and y is too large for unit upstreams, J·v cannot be
     formed: one +0.0 term per output, recorded (``recorded_term.recorded``) with grad_fn(upstream) as its
     backward, tf.custom_gradient's reverse mode, and a forward function that raises ``forward_mode_refusal``
-    (tf.custom_gradient's own forward mode gives zeros there). grad_fn is linear, so the backward is J's
+    (tf.custom_gradient's own forward mode raises a LookupError there, or gives no tangent where TensorFlow's
+    forward mode of the layer gives none, as for ResizeBilinear). grad_fn is linear, so the backward is J's
     transpose exactly; a second derivative is refused by order 1's guard, as on every route."""
     outputs = plan.outputs.differentiable
     arguments = [plan.arguments.components[i] for i in plan.arguments.differentiable] + plan.variables
@@ -259,7 +260,8 @@ def _reverse_only_terms(plan: Plan, forward_mode_refusal: str) -> dict[int, list
 
 
 def _refusing_forward_mode(message: str, zeros: list[tf.Tensor]) -> Callable[..., list[tf.Tensor]]:
-    """The reverse-only terms' forward function: a ValueError with ``message`` where an accumulator asks."""
+    """The reverse-only terms' forward function: a ValueError with ``message`` where an accumulator asks (``zeros``,
+    the terms, are what a forward function gives tangents of: the mutant that gives zeros reads them)."""
 
     def forward(*tangents: tf.Tensor | None) -> list[tf.Tensor]:
         raise ValueError(message)
