@@ -8,7 +8,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.autograd.forward_ad as forward_ad  # noqa: E402
-from matrix_sample import sample  # noqa: E402
 from torch import nn  # noqa: E402
 from torch_modes import fresh_compilation  # noqa: E402
 
@@ -135,7 +134,7 @@ def _data(name):
 
 @pytest.mark.parametrize("how", ["backward", "func.vjp", "func.jacrev"])
 @pytest.mark.parametrize("way", WAYS)
-@pytest.mark.parametrize("name", sample(BLOCKS))
+@pytest.mark.parametrize("name", BLOCKS)
 def test_a_recomputed_block_has_the_blocks_gradient_in_reverse_mode(name, way, how):
     block = _block(name)
     x, _, ct = _data(name)
@@ -146,7 +145,7 @@ def test_a_recomputed_block_has_the_blocks_gradient_in_reverse_mode(name, way, h
 
 @pytest.mark.parametrize("how", ["forward_ad", "func.jvp", "func.jacfwd", "func.vmap(func.jvp)"])
 @pytest.mark.parametrize("way", WAYS)
-@pytest.mark.parametrize("name", sample(BLOCKS))
+@pytest.mark.parametrize("name", BLOCKS)
 def test_a_recomputed_block_has_the_blocks_derivative_in_forward_mode(name, way, how):
     """Forward mode, which no autograd.Function written as a checkpoint has: J·v from the backward's ops."""
     block = _block(name)
@@ -159,8 +158,8 @@ def test_a_recomputed_block_has_the_blocks_derivative_in_forward_mode(name, way,
 _WITH_WEIGHTS = ["linear", "layer_norm", "group_norm", "conv2d", "prelu", "gru_cell", "lstm_cell"]
 
 
-@pytest.mark.parametrize("way", [*[("torch.func.vjp", name) for name in sample(BLOCKS)],
-                                 *[("torch.autograd.grad", name) for name in sample(_WITH_WEIGHTS)]],
+@pytest.mark.parametrize("way", [*[("torch.func.vjp", name) for name in BLOCKS],
+                                 *[("torch.autograd.grad", name) for name in _WITH_WEIGHTS]],
                          ids=lambda way_and_name: f"{way_and_name[1]}-{way_and_name[0]}")
 def test_a_recomputed_block_is_exact_compiled_in_both_modes(way, monkeypatch):
     """Compiled with fullgraph, inside a compiled torch.func.vjp and torch.func.jvp. A module's weights, which its
@@ -204,7 +203,7 @@ def _with_non_finite_entries(x):
     return x
 
 
-@pytest.mark.parametrize("name", sample(BLOCKS))
+@pytest.mark.parametrize("name", BLOCKS)
 def test_a_recomputed_block_at_nan_and_inf_has_the_vjps_derivative(name):
     """x holding NaN, inf and -inf: the gradient is the VJP's, and J·v its transpose's (PyTorch's autodiff of the
     pullback as a linear map), NaN and inf where those are, in both modes. Not the block's own JVP: PyTorch's
