@@ -498,6 +498,23 @@ def _forward_mode_zeros(original):
     return zeros_instead
 
 
+def _reverse_only_forward_zeros(original):
+    """The PyTorch decorator's carrier for a VJP whose transpose PyTorch cannot form gives forward mode zeros, not
+    a refusal naming the op."""
+    import dataclasses
+
+    import torch
+
+    @dataclasses.dataclass(frozen=True)
+    class ZerosInstead(original):
+        def transposed(self, vs, constants):
+            if self.without_transpose:
+                return [torch.zeros(shape, dtype=dtype) for shape, dtype in self.outputs]
+            return super().transposed(vs, constants)
+
+    return ZerosInstead
+
+
 def _nothing_unrecorded(original):
     """No check of what f computed without grad mode: order=2 with a Function's no_grad forward gives a fraction of
     the Hessian, as before issue 54."""
@@ -916,6 +933,10 @@ MUTANTS = {
         "stopgrad_math.tensorflow.decorator_form", "_refusing_forward_mode", _forward_mode_zeros,
         ("tests/test_checkpointing.py::test_a_gradient_op_tensorflow_cannot_differentiate_gives_tf_custom_gradients_"
          "reverse_mode[softsign-eager]",)),
+    "the PyTorch decorator's reverse-only carrier gives forward mode zeros": Mutant(
+        "stopgrad_math.torch.decorator_form", "_Maps", _reverse_only_forward_zeros,
+        ("tests/test_torch_checkpointing.py::test_a_backward_op_pytorch_cannot_differentiate_gives_reverse_mode_and_"
+         "refuses_forward_mode_naming_it[hardsigmoid-torch.autograd.grad]",)),
     "the compiled PyTorch decorator follows no module's own parameters": Mutant(
         "stopgrad_math.torch.decorator_form", "_module_members", _no_members,
         ("tests/test_torch_checkpointing.py::test_a_recomputed_block_is_exact_compiled_in_both_modes["

@@ -299,19 +299,34 @@ def _attention():
     return lambda x: attention(x, x, x, need_weights=False)[0]
 
 
-@pytest.mark.parametrize(("block", "shape", "op"), [
-    (nn.Hardsigmoid(), (6,), "hardsigmoid_backward"),
-    (_attention(), (1, 3, 4), "_scaled_dot_product_flash_attention_for_cpu_backward"),
-], ids=["hardsigmoid", "multihead attention"])
-def test_a_backward_op_pytorch_cannot_differentiate_is_refused_naming_it(block, shape, op):
-    """PyTorch implements no derivative in the upstream of hardsigmoid_backward (whose decomposition scales in the
-    dtype, where the kernel scales by a float32 1/6, so it would not be the VJP written) nor of the CPU flash
-    attention's backward, and the decorator's J·v is the backward's own derivative: the checkpoint raises naming
-    the op, in reverse mode too, never a number. (A limit: an autograd.Function written as the same checkpoint
-    gives reverse mode.)"""
-    x = torch.randn(shape, dtype=D)
-    with pytest.raises(RuntimeError, match=op):
-        _reverse(_recomputed_with_func_vjp(block), x, torch.ones(shape, dtype=D), "backward")
+_WITHOUT_DERIVATIVE = {"hardsigmoid": (nn.Hardsigmoid(), (6,), "hardsigmoid_backward"),
+                       "multihead attention": (_attention(), (1, 3, 4),
+                                               "_scaled_dot_product_flash_attention_for_cpu_backward")}
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("name", _WITHOUT_DERIVATIVE)
+def test_a_backward_op_pytorch_cannot_differentiate_gives_reverse_mode_and_refuses_forward_mode_naming_it(name, way):
+    """PyTorch implements no derivative in the upstream of hardsigmoid_backward nor of the CPU flash attention's
+    backward, and the decorator's J·v is the backward's own derivative: forward mode raises naming the op, as
+    PyTorch does for the block's double backward. Reverse mode needs the VJP alone and is the block's gradient, as
+    an autograd.Function written as the same checkpoint gives it; compiled, the checkpoint is refused naming the op
+    (a limit: the Function compiles). Truth: plain autodiff of the block."""
+    block, shape, op = _WITHOUT_DERIVATIVE[name]
+    x = torch.randn(shape, dtype=D, generator=torch.Generator().manual_seed(3))
+    ct = torch.randn(shape, dtype=D, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        truth = torch.func.vjp(block, x)[1](ct)[0]
+    checkpointed = WAYS[way](block)
+    for how in ("backward", "func.vjp"):
+        torch.testing.assert_close(_reverse(checkpointed, x, ct, how), truth, rtol=1e-10, atol=1e-12)
+    with pytest.raises(RuntimeError, match=rf"runs aten::{op}, which is linear .* no derivative in PyTorch"):
+        _forward(checkpointed, x, ct, "forward_ad")
+    with pytest.raises(RuntimeError, match=rf"runs aten::{op}, which is linear"):
+        _forward(checkpointed, x, ct, "func.jvp")
+    moving = x.clone().requires_grad_(True)
+    with pytest.raises(Exception, match=op):
+        torch.compile(checkpointed, fullgraph=True)(moving).backward(ct)
 
 
 def test_a_block_torch_func_cannot_differentiate_raises_as_it_does():

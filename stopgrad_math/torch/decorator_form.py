@@ -45,6 +45,7 @@ import dataclasses
 import itertools
 import logging
 import pathlib
+import re
 import sys
 import types
 import typing
@@ -933,11 +934,32 @@ class _Maps:
     def linear(self, cts: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
         return self.vjp.on(constants)(*cts)
 
+    without_transpose: str = ""  # why J·v cannot be formed (``_without_derivative``): forward mode raises it
+
     def transposed(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
         second_derivative_guard.check_forward_over_forward(self.name)
+        if self.without_transpose:
+            raise RuntimeError(self.without_transpose)
         if self.transpose is not None:
             return dataclasses.replace(self.transpose, constants=constants)(*vs)
         return list(torch.func.vjp(self.vjp.on(constants), *_zeros_like(self.cotangents))[1](list(vs)))
+
+
+_NO_DERIVATIVE = re.compile(r"derivative for (?:aten::)?(\w+) is not implemented")
+
+
+def _without_derivative(error: RuntimeError, name: str) -> str | None:
+    """Why J·v cannot be formed, where forming it (autodiff of the VJP in its cotangent) met a backward op of
+    ``linear_ops``' table (linear in its upstream, so the VJP is proven) whose own derivative PyTorch does not
+    implement (hardsigmoid_backward, the CPU flash attention's backward): reverse mode needs the VJP alone, and
+    gets it; forward mode raises this. None for any other error."""
+    found = _NO_DERIVATIVE.search(str(error))
+    if found is None or found.group(1) not in linear_ops.RULES:
+        return None
+    return (f"The vjp of {name} runs aten::{found.group(1)}, which is linear in its upstream gradient but has no "
+            "derivative in PyTorch: reverse mode runs the vjp itself, as a torch.autograd.Function would, and "
+            "forward mode (J·v, the vjp's transpose, its derivative in the cotangent) cannot be formed. "
+            f"PyTorch's error: {error}")
 
 
 def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: int,
@@ -971,8 +993,17 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
         if duals is not None:
             return outputs.with_values(dict(zip(outputs.differentiable, duals, strict=True)))
     zeros = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
-    products = transposed(*zeros) if transposed is not None else \
-        torch.func.vjp(linear, *_zeros_like(outputs.tensors()))[1](zeros)
+    try:
+        products = transposed(*zeros) if transposed is not None else \
+            torch.func.vjp(linear, *_zeros_like(outputs.tensors()))[1](zeros)
+    except RuntimeError as error:
+        reason = _without_derivative(error, name)
+        if reason is None or not isinstance(linear, linear_ops.LinearMap):
+            raise
+        ys = outputs.tensors()  # the carrier: backward the VJP at the stopped constants, jvp the reason
+        maps = _Maps(linear, None, [(y.shape, y.dtype) for y in ys], ys, name, without_transpose=reason)
+        return outputs.with_values({k: identity.attach(outputs.values[k], [z]) for k, z in zip(
+            outputs.differentiable, identity.mapped_zero(maps, zeros, linear.constants), strict=True)})
     # each output linked to every x, as a Function's node links them: where there is one of each, a proven J·v
     # links them already, and reverse mode alone leaves the link out (forward mode keeps its +0.0 tangent, which
     # ``eager_fast_path.dual_of_map`` reproduces for every count)
