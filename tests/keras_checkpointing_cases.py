@@ -188,8 +188,8 @@ def _assert_exact(got, truth, name):
 def _attention_without_forward_mode():
     """Whether Keras's attention runs torch's CPU attention kernel, which has no forward-mode derivative, nor its
     backward any derivative: autodiff of the block gives no JVP, and the decorator no J·v (the backward's
-    derivative), so forward mode raises naming the op; reverse mode is the VJP's, eagerly, and compiled the
-    checkpoint is refused naming the op (a limit). (Keras before 3.6 or so computes attention by einsums.)"""
+    derivative), so forward mode raises naming the op; reverse mode is the VJP's. (Keras before 3.6 or so
+    computes attention by einsums.)"""
     if BACKEND != "torch":
         return False
     x, tangent, _ = _data("multi_head_attention")
@@ -219,10 +219,6 @@ def _check(way, name, x, direction, compiled):
             way(_block(name), x, direction, compiled=True)
         except Exception as error:  # Dynamo's Unsupported, whatever its class in this torch
             with pytest.raises(type(error)):
-                way(_recomputed(_block(name)), x, direction, compiled=True)
-            return
-        if name in _NO_DERIVATIVE_OF_THE_BACKWARD:  # (in reverse mode: forward mode has its own test below)
-            with pytest.raises(Exception, match="_scaled_dot_product_flash_attention_for_cpu_backward"):
                 way(_recomputed(_block(name)), x, direction, compiled=True)
             return
     if name in _READ_BY_STRIDES:

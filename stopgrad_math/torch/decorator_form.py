@@ -482,14 +482,23 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
             refuse(_BRANCH_ON_A_FLOAT.format(name=name_of(f)))
     if key == _REFUSED:
         return _REFUSALS[int(kept[0])]
+    if key == _REVERSE_ONLY:
+        return _graphs_at(f, kept[0], list(kept[1:]), flat, tensors, numbers, order, reverse_only=True)
     if key < 0:
         return kept, None, None
+    return _graphs_at(f, key, kept, flat, tensors, numbers, order, reverse_only=False)
+
+
+def _graphs_at(f: Callable[..., Any], key: int, kept: list[int], flat: list[Any], tensors: tuple[int, ...],
+               numbers: tuple[int, ...], order: int, reverse_only: bool) -> tuple[list[int], Linear, Linear | None]:
+    """``_proven_while_compiling``'s answer from the graphs registered at ``key``, run on f's arguments (stopped at
+    order 1) and the tensors it reads from outside."""
     given = [*(identity.stop(flat[k]) if order == 1 else flat[k] for k in tensors), *(flat[k] for k in numbers)]
     reader = _stopgrad_math_reader(f, key)
     if reader:  # the tensors from outside, read as f reads them
         given += [identity.stop(t) if order == 1 else t for t in getattr(_READERS, reader)(*flat)]
-    if order == 2:  # the graphs compute J from the arguments as they are: mapped_zero's derivatives
-        return kept, _Registered(key, given), None
+    if order == 2 or reverse_only:  # mapped_zero's derivatives: J from the arguments as given; jvp J·v, where
+        return kept, _Registered(key, given), None  # it can be formed
     return (kept, lambda *cts: list(_run_compiled(key, *cts, *given)),
             lambda *vs: list(_run_compiled(key + 1, *vs, *given)))
 
@@ -513,7 +522,8 @@ def refuse(message: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _Registered:
-    """The graphs registered at ``key`` for a compiled call at order 2, and the tensors they read after their first
+    """The graphs registered at ``key`` for a compiled call at order 2 (or one whose J·v cannot be formed, at order
+    1: ``_REVERSE_ONLY``), and the tensors they read after their first
     inputs (f's arguments as they are, then those read from outside)."""
 
     key: int
@@ -541,6 +551,8 @@ class _KeyedMaps:
 
     def transposed(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
         second_derivative_guard.check_forward_over_forward(_NAMES.get(self.key, "f"))
+        if self.key in _WITHOUT_TRANSPOSE:
+            raise RuntimeError(_WITHOUT_TRANSPOSE[self.key])
         return list(_COMPILED[self.key + 1](*vs, *self._with_numbers(constants)))
 
     def _with_numbers(self, tensors: list[torch.Tensor]) -> list[Any]:
@@ -551,6 +563,7 @@ class _KeyedMaps:
 
 
 _NAMES: dict[int, str] = {}  # the decorated function's name at each key of ``_COMPILED``, for its messages
+_WITHOUT_TRANSPOSE: dict[int, str] = {}  # why J·v cannot be formed (``_without_derivative``), at such a key
 
 
 @torch._dynamo.allow_in_graph  # type: ignore[untyped-decorator]
@@ -603,6 +616,7 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
 
 _PROVEN_WHILE_COMPILING: bounded_cache.BoundedCache[tuple[int, ...]] = bounded_cache.BoundedCache(PROOFS_KEPT)
 _REFUSED = -3  # a proof's first number where the VJP cannot be embedded and the call falls back
+_REVERSE_ONLY = -4  # one whose transpose cannot be formed (``_registered``): then the key, and the leaves kept
 _REFUSALS: list[str] = []  # their reasons, one per compilation that fell back
 
 
@@ -628,7 +642,8 @@ def _forget_what_dynamo_forgot() -> None:
     handler = torch._dynamo.callback.callback_handler
     if _dynamo_has_not_reset in handler.start_callbacks:
         return
-    for table in (_PROVEN_WHILE_COMPILING, _COMPILED, _NAMES, _READS, _REFUSALS):  # (a reader goes with its f)
+    tables = (_PROVEN_WHILE_COMPILING, _COMPILED, _NAMES, _READS, _REFUSALS, _WITHOUT_TRANSPOSE)
+    for table in tables:  # (a reader goes with its f)
         table.clear()
     size_conditions.forget()
     handler.register_start_callback(_dynamo_has_not_reset)
@@ -673,18 +688,22 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
                 torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in shapes]
             traced = linear_ops.trace(vjp_of_f, *examples, cotangents=count, fake=True)
             kept = _proven_states(read[-1], traced.states())
-            if kept:
-                reads = _routed(f, traced, flat, order,
-                                lambda: linear_ops.differentiated_as_traced(vjp_of_f, *examples, traced=traced))
+            positions = [read[-1].found.index(k) for k in kept]
+            kept_examples = [examples[count + tensors.index(k)] for k in kept]
+            if kept:  # (as written where its autodiff is the map and J·v can be formed)
+                reads = _routed(f, traced, flat, order, lambda: linear_ops.differentiated_as_traced(
+                    vjp_of_f, *examples, traced=traced) and _transposable(
+                    traced, positions, kept_examples, examples, count, name_of(f)))
             if not kept or reads is None:  # nothing to embed (y keeps a zero derivative, whatever the VJP's
                 # autodiff), or differentiated as Dynamo traces it
                 return (-1, size_conditions.condition(examples) if symbolic else 0, *kept)
             outside = [k for k in range(len(traced.constants)) if k not in traced.literals]
-            key = _registered(traced, [read[-1].found.index(k) for k in kept],
-                              [examples[count + tensors.index(k)] for k in kept], examples, count, outside)
+            key = _registered(traced, positions, kept_examples, examples, count, outside, name_of(f))
             _READS[key], _NAMES[key] = reads, name_of(f)
             # (after the graphs, made on the same stand-ins: any size they assumed is in the condition too)
             condition = size_conditions.condition(examples) if symbolic else 0
+            if key in _WITHOUT_TRANSPOSE:
+                return (_REVERSE_ONLY, condition, key, *kept)
             return (key, condition, *kept)
     except (ValueError, TypeError, LookupError):
         raise
@@ -800,18 +819,45 @@ _KEYS = itertools.count(0, 2)  # (next() of a count is atomic: two threads compi
 
 
 def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
-                examples: list[torch.Tensor], count: int, outside: list[int]) -> int:
+                examples: list[torch.Tensor], count: int, outside: list[int], name: str) -> int:
     """Keys of the two graphs ``_maps`` makes for a compiled call, from f and its VJP traced as a backward runs,
     with the tensors of f's arguments and then those it reads from outside as their last inputs: at ``key`` the
     VJP's map, at ``key + 1`` its transpose. Inside the compiled graph AOTAutograd differentiates their ops, so a
-    VJP under no_grad or with a branch on grad mode is embedded as the map a backward applies, as it is eagerly."""
+    VJP under no_grad or with a branch on grad mode is embedded as the map a backward applies, as it is eagerly.
+    Where the transpose cannot be formed (``_without_derivative``), ``key + 1`` gives zeros in its shapes and
+    ``_WITHOUT_TRANSPOSE`` says why: the call embeds the map alone (``_REVERSE_ONLY``)."""
     key = next(_KEYS)
-    _COMPILED[key], _COMPILED[key + 1] = _maps(traced, positions, kept_examples, examples, count, outside)
+    try:
+        _COMPILED[key], _COMPILED[key + 1] = _maps(traced, positions, kept_examples, examples, count, outside)
+    except RuntimeError as error:
+        reason = _without_derivative(error, name)
+        if reason is None:
+            raise
+        _COMPILED[key], _COMPILED[key + 1] = _maps(traced, positions, kept_examples, examples, count, outside,
+                                                   transposable=False)
+        _WITHOUT_TRANSPOSE[key] = reason
     return key
 
 
+def _transposable(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
+                  examples: list[torch.Tensor], count: int, name: str) -> bool:
+    """False where the VJP runs a layer's backward op (``linear_ops``' table) whose derivative PyTorch does not
+    implement, so that J·v cannot be formed (``_without_derivative``); a VJP of no such op is not traced again."""
+    if not any(op in linear_ops.LAYER_BACKWARDS for op in traced.recorded):
+        return True
+    outside = [k for k in range(len(traced.constants)) if k not in traced.literals]
+    try:
+        _maps(traced, positions, kept_examples, examples, count, outside)
+    except RuntimeError as error:
+        if _without_derivative(error, name) is None:
+            raise
+        return False
+    return True
+
+
 def _maps(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
-          examples: list[torch.Tensor], count: int, outside: list[int]) -> tuple[torch.fx.GraphModule, ...]:
+          examples: list[torch.Tensor], count: int, outside: list[int],
+          transposable: bool = True) -> tuple[torch.fx.GraphModule, ...]:
     """Two graphs of ATen ops from a VJP traced as a backward runs on ``examples`` (the ``count`` cotangents of y,
     then the tensors of f's arguments), whose own constants are one-element literals but for those at
     ``outside`` (tensors read from outside, which become their last inputs): the VJP's map from y's cotangents to
@@ -835,6 +881,8 @@ def _maps(traced: linear_ops.Traced, positions: list[int], kept_examples: list[t
     def transposed(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         linear = linear_ops.stops_recorded(traced.linear(constants(values[len(positions):]), positions))
         cotangents = [torch.zeros(e.shape, dtype=e.dtype, device=e.device) for e in examples[:count]]
+        if not transposable:  # (its shapes alone: ``_KeyedMaps.zeros``)
+            return tuple(cotangents)
         return tuple(torch.func.vjp(linear, *cotangents)[1](list(values[:len(positions)])))
 
     read = [traced.constants[k].detach() for k in outside]
@@ -967,7 +1015,7 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
     """y with each differentiable output's zero term attached; ``linear``: the proven VJP, from the cotangents of
     y's differentiable leaves to those of ``xs``; ``transposed``: its transpose J·v where it is at hand (else the
     pullback of torch.func.vjp of ``linear``)."""
-    if order == 2 and isinstance(linear, (_Registered, linear_ops.LinearMap)):  # (compiled: _Registered)
+    if isinstance(linear, _Registered) or (order == 2 and isinstance(linear, linear_ops.LinearMap)):
         vs = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
         if isinstance(linear, _Registered):
             zeros = list(_run_mapped_zero(linear.key, len(vs), *vs, *linear.given))

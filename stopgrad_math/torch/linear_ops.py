@@ -170,7 +170,7 @@ _PRODUCTS: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {  # the two fac
 # recomputed block's backward, as checkpointing writes it). None branches on, clips or scales by the upstream's
 # own values: threshold_backward (ReLU) and hardtanh_backward select by the saved input, max pools route by saved
 # indices, the norms' backward is linear in the upstream given the saved mean and inverse deviation.
-_LAYER_BACKWARDS = (
+LAYER_BACKWARDS = (
     "native_layer_norm_backward", "native_batch_norm_backward", "native_group_norm_backward",
     "_fused_rms_norm_backward", "convolution_backward", "max_pool2d_with_indices_backward",
     "max_pool3d_with_indices_backward", "avg_pool2d_backward", "avg_pool3d_backward",
@@ -198,7 +198,7 @@ RULES: dict[str, _Rule] = {
         "tril", "triu", "_fft_r2c", "_fft_c2c", "_fft_c2r", "sum_to_size", "im2col", "col2im",
     )},
     **{name: _linear_in((0,), "the upstream gradient is used as a saved activation, an index or a statistic")
-       for name in _LAYER_BACKWARDS},
+       for name in LAYER_BACKWARDS},
     **{name: _cast for name in _CASTS},
     "constant_pad_nd": _linear_in((0,), zero=(2,)),
     # (a scatter's output is self where the view is not, src where it is: chosen by position alone)
@@ -307,7 +307,7 @@ def _constant(name: str, arguments: list[Any], operands: Operands) -> Judged:
         return State.ZERO
     if name in _FILLS and len(arguments) > _FILLS[name] and _literal_state(arguments[_FILLS[name]]) is State.ZERO:
         return State.ZERO
-    if name in (*_VIEWS, *_CASTS, *_LAYER_BACKWARDS) and operands and operands[0] == [State.ZERO]:
+    if name in (*_VIEWS, *_CASTS, *LAYER_BACKWARDS) and operands and operands[0] == [State.ZERO]:
         return State.ZERO  # (a layer's backward of a zero upstream: an LSTM cell's unused state)
     return State.CONST
 
