@@ -331,10 +331,15 @@ def test_a_backward_op_pytorch_cannot_differentiate_gives_reverse_mode_and_refus
         torch.compile(fn, fullgraph=True)(moving).backward(ct)
         return moving.grad
 
-    compiled_truth = compiled_backward(block)  # (a compiled torch.func.vjp of the attention block fails in Inductor)
-    assert torch.equal(compiled_backward(checkpointed), compiled_truth)
-    assert torch.equal(torch.compile(lambda x: torch.func.vjp(checkpointed, x)[1](ct)[0], fullgraph=True)(x),
-                       compiled_truth)
+    try:  # (a compiled torch.func.vjp of the attention block fails in Inductor: the truth is its backward)
+        compiled_truth = compiled_backward(block)
+    except RuntimeError as error:  # torch 2.6's Inductor: "expected scalar type Double but found Float" in the
+        assert name == "multihead attention" and torch.__version__ < "2.7", error  # float64 block's own backward
+        compiled_truth = None
+    if compiled_truth is not None:
+        assert torch.equal(compiled_backward(checkpointed), compiled_truth)
+        assert torch.equal(torch.compile(lambda x: torch.func.vjp(checkpointed, x)[1](ct)[0], fullgraph=True)(x),
+                           compiled_truth)
     with pytest.raises(Exception, match=message):
         torch.compile(lambda x: torch.func.jvp(checkpointed, (x,), (ct,))[1], fullgraph=True)(x)
 

@@ -441,7 +441,7 @@ Linear = Callable[..., list[torch.Tensor]]
 
 def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], outputs: Leaves,
                             names: list[str], order: int, falls_back: bool = False,
-                            ) -> tuple[list[int], Linear | None, Linear | None] | str:
+                            ) -> tuple[list[int], Linear | None, Linear | None, bool] | str:
     """``_proven`` where Dynamo traces the call. The VJP there is Dynamo's variable, not a function make_fx can
     trace again, so ``_stopgrad_math_proof`` traces f and its VJP anew, on fake tensors of the arguments' shapes:
     a constant of the graph to Dynamo, made as it traces, and again when it recompiles for another f, rank or
@@ -485,22 +485,24 @@ def _proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[
     if key == _REVERSE_ONLY:
         return _graphs_at(f, kept[0], list(kept[1:]), flat, tensors, numbers, order, reverse_only=True)
     if key < 0:
-        return kept, None, None
+        return kept, None, None, False
     return _graphs_at(f, key, kept, flat, tensors, numbers, order, reverse_only=False)
 
 
 def _graphs_at(f: Callable[..., Any], key: int, kept: list[int], flat: list[Any], tensors: tuple[int, ...],
-               numbers: tuple[int, ...], order: int, reverse_only: bool) -> tuple[list[int], Linear, Linear | None]:
+               numbers: tuple[int, ...], order: int,
+               reverse_only: bool) -> tuple[list[int], Linear, Linear | None, bool]:
     """``_proven_while_compiling``'s answer from the graphs registered at ``key``, run on f's arguments (stopped at
-    order 1) and the tensors it reads from outside."""
+    order 1) and the tensors it reads from outside; last, whether the map is embedded alone (``_REVERSE_ONLY``),
+    said as a flag: Dynamo before torch 2.8 cannot ask isinstance of a function, which the map is at order 1."""
     given = [*(identity.stop(flat[k]) if order == 1 else flat[k] for k in tensors), *(flat[k] for k in numbers)]
     reader = _stopgrad_math_reader(f, key)
     if reader:  # the tensors from outside, read as f reads them
         given += [identity.stop(t) if order == 1 else t for t in getattr(_READERS, reader)(*flat)]
     if order == 2 or reverse_only:  # mapped_zero's derivatives: J from the arguments as given; jvp J·v, where
-        return kept, _Registered(key, given), None  # it can be formed
+        return kept, _Registered(key, given), None, reverse_only  # it can be formed
     return (kept, lambda *cts: list(_run_compiled(key, *cts, *given)),
-            lambda *vs: list(_run_compiled(key + 1, *vs, *given)))
+            lambda *vs: list(_run_compiled(key + 1, *vs, *given)), False)
 
 
 _A_FLOAT = "float"  # a float argument as the proof is given it: a symbol, whatever its value
@@ -1011,11 +1013,12 @@ def _without_derivative(error: RuntimeError, name: str) -> str | None:
 
 
 def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: int,
-              transposed: Linear | None = None, name: str = "f") -> Any:
+              transposed: Linear | None = None, name: str = "f", alone: bool = False) -> Any:
     """y with each differentiable output's zero term attached; ``linear``: the proven VJP, from the cotangents of
     y's differentiable leaves to those of ``xs``; ``transposed``: its transpose J·v where it is at hand (else the
-    pullback of torch.func.vjp of ``linear``)."""
-    if isinstance(linear, _Registered) or (order == 2 and isinstance(linear, linear_ops.LinearMap)):
+    pullback of torch.func.vjp of ``linear``); ``alone``: compiled, the map is embedded without its transpose, which
+    cannot be formed (``_REVERSE_ONLY``), in order 2's carrier."""
+    if (order == 2 or alone) and isinstance(linear, (_Registered, linear_ops.LinearMap)):  # (compiled: _Registered)
         vs = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
         if isinstance(linear, _Registered):
             zeros = list(_run_mapped_zero(linear.key, len(vs), *vs, *linear.given))
@@ -1077,18 +1080,18 @@ def differentiating(args: Sequence[Any]) -> bool:
 
 def _proven_call(cotangents: _Cotangents, vjp: Callable[[Any], Any], kwargs: dict[str, Any],
                  watch: unrecorded.Watch | None,
-                 falls_back: bool) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None] | str:
+                 falls_back: bool) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None, bool] | str:
     """``_proven`` eagerly and under torch.func, ``_proven_while_compiling`` under Dynamo: the kept leaves, the VJP's
-    map, what it closes over (eagerly) and its transpose where at hand; ``falls_back``: a VJP that cannot be
-    embedded gives the reason rather than raising."""
+    map, what it closes over (eagerly), its transpose where at hand, and whether the map is embedded alone (compiled,
+    ``_REVERSE_ONLY``); ``falls_back``: a VJP that cannot be embedded gives the reason rather than raising."""
     f, leaves, outputs, names, order = (cotangents.f, cotangents.leaves, cotangents.outputs, cotangents.names,
                                         cotangents.order)
     if identity.compiling():
         proof = _proven_while_compiling(f, leaves, kwargs, outputs, names, order, falls_back=falls_back)
         if isinstance(proof, str):
             return proof
-        kept, registered, transposed = proof
-        return kept, cotangents.of(vjp, kept) if registered is None else registered, [], transposed
+        kept, registered, transposed, alone = proof
+        return kept, cotangents.of(vjp, kept) if registered is None else registered, [], transposed, alone
     try:
         kept, linear, closed_over, transposed = _proven(cotangents, vjp, order)
     except Exception as error:
@@ -1096,7 +1099,7 @@ def _proven_call(cotangents: _Cotangents, vjp: Callable[[Any], Any], kwargs: dic
             raise
         return _fall_back_reason(f, error)
     unrecorded.check(watch, closed_over, name_of(f))
-    return kept, linear, closed_over, transposed
+    return kept, linear, closed_over, transposed, False
 
 
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any], order: int,
@@ -1117,7 +1120,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     if isinstance(proof, str):
         assert fallback is not None  # (a reason comes back only where there is one to take it)
         return fallback(proof)
-    kept, linear, closed_over, transposed = proof
+    kept, linear, closed_over, transposed, alone = proof
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0
@@ -1129,7 +1132,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         if product is not None:
             return product
         xs = [second_derivative_guard.hooked(x, closed_over, name) for x in xs] if order == 1 else xs
-    return _attached(linear, outputs, xs, order, transposed, name)
+    return _attached(linear, outputs, xs, order, transposed, name, alone)
 
 
 def _product_of_map(outputs: Leaves, xs: list[torch.Tensor], transposed: Linear | None,
