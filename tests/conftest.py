@@ -61,7 +61,7 @@ settings.register_profile(
 # make test runs every case. The runs on other framework versions (make test-oldest, make test-torch-newest) look
 # for a version's differences, which a sample of each test's cases meets as well as all of them do, and the whole
 # suite three times would take CI past its hour: STOPGRAD_CASE_SAMPLE=k:offset keeps every k-th parametrized case
-# of each test, from its own offset (at least one), and a k-th of hypothesis's examples.
+# of each test, from its own offset (at least one), and a k-th of hypothesis's examples (at least 10).
 _EVERY, _OFFSET = (int(part) for part in os.environ.get("STOPGRAD_CASE_SAMPLE", "1:0").split(":"))
 settings.register_profile("sampled", parent=settings.get_profile("project"), max_examples=max(40 // _EVERY, 10))
 settings.load_profile("project" if _EVERY == 1 else "sampled")

@@ -829,16 +829,25 @@ def _registered(traced: linear_ops.Traced, positions: list[int], kept_examples: 
     Where the transpose cannot be formed (``_without_derivative``), ``key + 1`` gives zeros in its shapes and
     ``_WITHOUT_TRANSPOSE`` says why: the call embeds the map alone (``_REVERSE_ONLY``)."""
     key = next(_KEYS)
+    (_COMPILED[key], _COMPILED[key + 1]), reason = _maps_or_reason(traced, positions, kept_examples, examples,
+                                                                   count, outside, name)
+    if reason is not None:
+        _WITHOUT_TRANSPOSE[key] = reason
+    return key
+
+
+def _maps_or_reason(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
+                    examples: list[torch.Tensor], count: int, outside: list[int],
+                    name: str) -> tuple[tuple[torch.fx.GraphModule, ...], str | None]:
+    """``_maps``, and None; or, where the transpose cannot be formed (``_without_derivative``), the map with zeros
+    in the transpose's shapes, and why."""
     try:
-        _COMPILED[key], _COMPILED[key + 1] = _maps(traced, positions, kept_examples, examples, count, outside)
+        return _maps(traced, positions, kept_examples, examples, count, outside), None
     except RuntimeError as error:
         reason = _without_derivative(error, name)
         if reason is None:
             raise
-        _COMPILED[key], _COMPILED[key + 1] = _maps(traced, positions, kept_examples, examples, count, outside,
-                                                   transposable=False)
-        _WITHOUT_TRANSPOSE[key] = reason
-    return key
+        return _maps(traced, positions, kept_examples, examples, count, outside, transposable=False), reason
 
 
 def _transposable(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
@@ -848,13 +857,7 @@ def _transposable(traced: linear_ops.Traced, positions: list[int], kept_examples
     if not any(op in linear_ops.LAYER_BACKWARDS for op in traced.recorded):
         return True
     outside = [k for k in range(len(traced.constants)) if k not in traced.literals]
-    try:
-        _maps(traced, positions, kept_examples, examples, count, outside)
-    except RuntimeError as error:
-        if _without_derivative(error, name) is None:
-            raise
-        return False
-    return True
+    return _maps_or_reason(traced, positions, kept_examples, examples, count, outside, name)[1] is None
 
 
 def _maps(traced: linear_ops.Traced, positions: list[int], kept_examples: list[torch.Tensor],
@@ -977,14 +980,13 @@ class _Maps:
     outputs: list[tuple[torch.Size, torch.dtype]]
     cotangents: list[torch.Tensor]  # examples of y's cotangents
     name: str
+    without_transpose: str = ""  # why J·v cannot be formed (``_without_derivative``): forward mode raises it
 
     def zeros(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
         return [torch.zeros(shape, dtype=dtype, device=vs[0].device) for shape, dtype in self.outputs]
 
     def linear(self, cts: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
         return self.vjp.on(constants)(*cts)
-
-    without_transpose: str = ""  # why J·v cannot be formed (``_without_derivative``): forward mode raises it
 
     def transposed(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
         second_derivative_guard.check_forward_over_forward(self.name)
