@@ -13,6 +13,7 @@ import importlib.abc
 import importlib.util
 import sys
 
+import case_sample
 import pytest
 from hypothesis import HealthCheck, settings
 from mode_names import MODES
@@ -58,11 +59,9 @@ settings.register_profile(
     max_examples=40,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-# make test runs every case. The runs on other framework versions (make test-oldest, make test-torch-newest) look
-# for a version's differences, which a sample of each test's cases meets as well as all of them do, and the whole
-# suite three times would take CI past its hour: STOPGRAD_CASE_SAMPLE=k:offset keeps every k-th parametrized case
-# of each test, from its own offset (at least one), and a k-th of hypothesis's examples (at least 10).
-_EVERY, _OFFSET = (int(part) for part in os.environ.get("STOPGRAD_CASE_SAMPLE", "1:0").split(":"))
+# make test runs every case; the runs on other framework versions a sample of each test's cases (case_sample.py),
+# and a k-th of hypothesis's examples (at least 10).
+_EVERY, _OFFSET = case_sample.parsed(os.environ.get(case_sample.ENVIRONMENT))
 settings.register_profile("sampled", parent=settings.get_profile("project"), max_examples=max(40 // _EVERY, 10))
 settings.load_profile("project" if _EVERY == 1 else "sampled")
 
@@ -70,12 +69,10 @@ settings.load_profile("project" if _EVERY == 1 else "sampled")
 def pytest_collection_modifyitems(config, items) -> None:
     if _EVERY == 1:
         return
-    cases: dict[str, list] = {}
-    for item in items:
-        cases.setdefault(item.nodeid.partition("[")[0], []).append(item)
-    kept = {id(item) for group in cases.values() for item in group[_OFFSET % len(group)::_EVERY]}
-    config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
-    items[:] = [item for item in items if id(item) in kept]
+    keep = case_sample.kept([item.nodeid for item in items], _EVERY, _OFFSET)
+    config.hook.pytest_deselected(items=[item for item, k in zip(items, keep, strict=True) if not k])
+    items[:] = [item for item, k in zip(items, keep, strict=True) if k]
+
 
 if os.environ.get("STOPGRAD_MUTANT"):  # make test-mutants: one deliberately broken variant (tests/mutants.py)
     import mutants

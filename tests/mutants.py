@@ -946,7 +946,7 @@ MUTANTS = {
         ("tests/test_jax_compiled_embedding.py::test_a_compiled_embedding_keeps_no_array_f_or_its_vjp_closes_over",)),
     "the Keras namespace calls every grad with its upstream positionally": Mutant(
         "stopgrad_math.keras.identity_form", "in_keras_conventions", _upstream_never_by_keyword,
-        ("tests/test_keras.py::test_the_keras_namespace_on_each_backend",)),
+        ("tests/test_keras.py::test_the_keras_namespace_on_each_backend[jax-keras_cases.py]",)),
     "a replica context takes grad_fn(1) for J": Mutant(
         "stopgrad_math.tensorflow.transposition", "replicated", _never_replicated,
         (f"{_INSIDE_TFP}::test_tfps_collective_cases_on_two_replicas_are_exact_as_tfps[eager]",)),

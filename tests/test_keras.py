@@ -22,7 +22,8 @@ def test_the_keras_namespace_on_each_backend(backend, cases):
     if importlib.util.find_spec(FRAMEWORK[backend]) is None:
         pytest.skip(f"{FRAMEWORK[backend]} is not installed, so Keras has no {backend} backend here")
     environment = {**os.environ, "KERAS_BACKEND": backend}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+    stop_at_the_first = ["-x"] if os.environ.get("STOPGRAD_MUTANT") else []  # a mutant's run, as mutants.py's own
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *stop_at_the_first,
                str(pathlib.Path(__file__).with_name(cases))]
     result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-6000:]
