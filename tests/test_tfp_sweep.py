@@ -166,15 +166,21 @@ def test_the_sweep_finds_the_functions_known_to_go_through_the_factory():
         assert known in ids, known
 
 
+def _cheapest_first(entry):
+    """TFP's math functions first, then functions before methods: a distribution's method (its quantile above all)
+    costs minutes compiled where the function it calls costs seconds."""
+    return ".math." not in entry.module + ".", entry.method is not None, entry.id
+
+
 def _compiled_entries(entries):
-    """One entry per custom-gradient function, for the compiled modes: the first that reaches it and whose
-    arguments the table makes, TFP's math functions first."""
+    """One entry per custom-gradient function, for the compiled modes: the first (``_cheapest_first``) that
+    reaches it and whose arguments the table makes."""
     def can_make(entry):
         obj = getattr(importlib.import_module(entry.module), entry.name)
         return _parameters(obj if entry.method is None else obj.__init__)[1] is None
 
     chosen, covered = [], set()
-    for entry in sorted(entries, key=lambda e: (".math." not in e.module + ".", e.id)):
+    for entry in sorted(entries, key=_cheapest_first):
         if not set(entry.through) <= covered and can_make(entry):
             chosen.append(entry)
             covered |= set(entry.through)
@@ -182,12 +188,11 @@ def _compiled_entries(entries):
 
 
 def _one_per_composition(entries):
-    """One entry per set of custom-gradient functions reached together, for second derivatives: the first, TFP's
-    math functions first, then functions before methods (a distribution's quantile method costs minutes where
-    the function it calls costs seconds). Entries that reach the same set meet the same grad_fns composed the
-    same way; every entry's second derivative took 7 of the sweep's 11 minutes (STOPGRAD_TFP_SWEEP=every)."""
+    """One entry per set of custom-gradient functions reached together, for second derivatives: the first
+    (``_cheapest_first``). Entries that reach the same set meet the same grad_fns composed the same way; every
+    entry's second derivative took 7 of the sweep's 11 minutes (STOPGRAD_TFP_SWEEP=every)."""
     chosen, covered = [], set()
-    for entry in sorted(entries, key=lambda e: (".math." not in e.module + ".", e.method is not None, e.id)):
+    for entry in sorted(entries, key=_cheapest_first):
         if entry.through not in covered:
             chosen.append(entry)
             covered.add(entry.through)
