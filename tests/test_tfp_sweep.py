@@ -169,7 +169,7 @@ def test_the_sweep_finds_the_functions_known_to_go_through_the_factory():
 def _cheapest_first(entry):
     """TFP's math functions first, then functions before methods: a method adds its distribution's conversions and
     broadcasting to the function it calls, and its cost (StudentT.quantile under XLA: 94 s where the student_t
-    function took 83 s; its second derivative runs for minutes where a math function's takes seconds)."""
+    function took 83 s)."""
     return ".math." not in entry.module + ".", entry.method is not None, entry.id
 
 
