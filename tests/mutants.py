@@ -4,8 +4,9 @@ A test suite is only as good as the broken code it fails on. Each mutant
 below replaces one function with a broken variant (in the test process
 only: ``conftest.py`` applies the one named by ``STOPGRAD_MUTANT``), and
 names the tests that must fail on it. ``make test-mutants`` (run by CI)
-runs those tests once per mutant, one run per core at a time, and fails if
-any mutant survives:
+runs those tests once per mutant, one run per core at a time (each in a
+child forked from one process that has imported PyTorch and JAX once), and
+fails if any mutant survives or a run breaks:
 
     python tests/mutants.py            every mutant
     python tests/mutants.py NAME ...   those named
@@ -13,12 +14,13 @@ any mutant survives:
 
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
 import dataclasses
 import importlib
 import os
-import subprocess
+import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -969,33 +971,88 @@ def apply(name: str) -> None:
     setattr(module, mutant.name, mutant.broken(getattr(module, mutant.name)))
 
 
-def _survives(name: str) -> bool:
-    """Runs the tests that must catch the mutant; True where they all pass (the mutant survived)."""
-    environment = {**os.environ, ENVIRONMENT: name}
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *MUTANTS[name].caught_by]
-    result = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
-    if result.returncode not in (0, 1):  # 1: tests failed; anything else is a broken run, not a catch
-        raise RuntimeError(f"the run for mutant {name!r} did not complete:\n{result.stdout[-3000:]}")
-    return result.returncode == 0
+# What every mutant's run imports, imported once in the runner before it forks a child per mutant: most of a
+# run's time was these imports. Not TensorFlow, whose runtime starts threads that a fork does not copy; nothing
+# here starts a thread or a framework's runtime (JAX's backend starts at its first array). Inductor compiles in
+# the child that asks, as conftest.py sets before PyTorch is imported.
+_IMPORTED_BEFORE_FORKING = ("pytest", "hypothesis", "numpy", "torch", "jax", "stopgrad_math.torch",
+                            "stopgrad_math.jax")
+TIMEOUT_SECONDS = 900  # a child past this is killed, with its own subprocesses, and the run fails
 
 
-def _timed(name: str) -> tuple[bool, float]:
-    start = time.perf_counter()
-    return _survives(name), time.perf_counter() - start
+def _run_in_child(name: str, log_path: str) -> None:
+    """The forked child: the mutant's tests, as ``pytest -q -x`` would run them, its output to ``log_path``."""
+    os.setpgid(0, 0)  # a process group of its own, so that a timeout kills its subprocesses too
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.environ[ENVIRONMENT] = name
+    code = 3
+    try:
+        import pytest
+
+        # hypothesis was imported before pytest could rewrite its asserts (it has none that matter here)
+        code = int(pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                                *MUTANTS[name].caught_by]))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # no atexit handlers: the parent's, copied by the fork, are not the child's to run
+
+
+def _start(name: str, log_path: str) -> int:
+    """Forks the child that runs the mutant's tests; its pid."""
+    pid = os.fork()
+    if pid == 0:
+        _run_in_child(name, log_path)
+    with contextlib.suppress(OSError):  # the child may have set its own group first, or run and ended
+        os.setpgid(pid, pid)
+    return pid
+
+
+def _kill_overdue(running: dict[int, tuple[str, str, float]]) -> None:
+    """Kills each child (its process group: the subprocesses its tests started too) past TIMEOUT_SECONDS."""
+    for pid, (_, _, start) in running.items():
+        if time.perf_counter() - start > TIMEOUT_SECONDS:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile; waitpid collects it next
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _outcome(name: str, exit_code: int, seconds: float, log_path: str) -> str:
+    """Prints how the mutant's run ended: caught (its tests failed), SURVIVED (they passed), or BROKEN (neither:
+    an error, no tests found, killed), with the run's log."""
+    outcome = {0: "SURVIVED", 1: "caught"}.get(exit_code, f"BROKEN ({exit_code})")
+    print(f"{outcome:>8}  {seconds:5.0f} s  {name}  ({', '.join(MUTANTS[name].caught_by)})", flush=True)
+    if outcome.startswith("BROKEN"):
+        with open(log_path) as log:
+            print(log.read()[-3000:], flush=True)
+    return outcome
 
 
 def main(names: list[str]) -> int:
-    """Runs the mutants one per core at a time (each run is a pytest process, most of it imports)."""
-    survivors = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        runs = {pool.submit(_timed, name): name for name in names or list(MUTANTS)}
-        for run in concurrent.futures.as_completed(runs):
-            name = runs[run]
-            survived, seconds = run.result()
-            print(f"{'SURVIVED' if survived else 'caught':>8}  {seconds:5.0f} s  {name}  "
-                  f"({', '.join(MUTANTS[name].caught_by)})", flush=True)
-            survivors += [name] if survived else []
-    return 1 if survivors else 0
+    """Runs the mutants one per core at a time, each in a child forked from this process once it has imported
+    what the runs share; fails unless every run is caught."""
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    for module in _IMPORTED_BEFORE_FORKING:
+        importlib.import_module(module)
+    pending, running, outcomes = list(names or MUTANTS), {}, []
+    with tempfile.TemporaryDirectory() as logs:
+        while pending or running:
+            while pending and len(running) < (os.cpu_count() or 1):
+                name, log_path = pending.pop(0), os.path.join(logs, f"{len(pending)}.log")
+                running[_start(name, log_path)] = (name, log_path, time.perf_counter())
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                _kill_overdue(running)
+                time.sleep(0.2)
+                continue
+            name, log_path, start = running.pop(pid)
+            outcomes.append(_outcome(name, os.waitstatus_to_exitcode(status), time.perf_counter() - start, log_path))
+    return 0 if all(outcome == "caught" for outcome in outcomes) else 1
 
 
 if __name__ == "__main__":
