@@ -24,7 +24,8 @@ mutants.TIMEOUT_SECONDS = float(sys.argv[2])
 mutants._IMPORTED_BEFORE_FORKING = ()
 sys.exit(mutants.main(sys.argv[1].split(",")))
 """
-OUTCOME = re.compile(r"\s*(caught|SURVIVED|BROKEN)\S*(?: \(-?\d+\))?\s+\d+ s  (.+?)  \(")  # a line: its outcome, its mutant
+# A line of the runner's output: its outcome and its mutant.
+OUTCOME = re.compile(r"\s*(caught|SURVIVED|BROKEN)\S*(?: \(-?\d+\))?\s+\d+ s  (.+?)  \(")
 REAL = "the bounded cache forgets which entry was used last"
 
 
