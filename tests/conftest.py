@@ -59,17 +59,17 @@ settings.register_profile(
     max_examples=40,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-# make test runs every case; the runs on other framework versions a sample of each test's cases (case_sample.py),
-# and a k-th of hypothesis's examples (at least 10).
-_EVERY, _OFFSET = case_sample.parsed(os.environ.get(case_sample.ENVIRONMENT))
+# make test runs every case; the runs on other framework versions a sample of each file's test functions and of
+# their cases (case_sample.py), and a k-th of hypothesis's examples (at least 10).
+_EVERY, _OFFSET, _EVERY_FUNCTION = case_sample.parsed(os.environ.get(case_sample.ENVIRONMENT))
 settings.register_profile("sampled", parent=settings.get_profile("project"), max_examples=max(40 // _EVERY, 10))
 settings.load_profile("project" if _EVERY == 1 else "sampled")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    if _EVERY == 1:
+    if _EVERY == _EVERY_FUNCTION == 1:
         return
-    keep = case_sample.kept([item.nodeid for item in items], _EVERY, _OFFSET)
+    keep = case_sample.kept([item.nodeid for item in items], _EVERY, _OFFSET, _EVERY_FUNCTION)
     config.hook.pytest_deselected(items=[item for item, k in zip(items, keep, strict=True) if not k])
     items[:] = [item for item, k in zip(items, keep, strict=True) if k]
 
