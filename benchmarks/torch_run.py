@@ -177,7 +177,7 @@ def _transformed(fn: Callable[[torch.Tensor], torch.Tensor], phase: str) -> Call
     return lambda x: (torch.func.jacfwd(fn)(x),)
 
 
-def programs(name: str, phase: str) -> Callable[[torch.Tensor], object]:
+def programs(name: str, phase: str, backend: str = "inductor") -> Callable[[torch.Tensor], object]:
     """The program of a phase: value + gradient of sum(fn), fn eager or compiled (AOTAutograd compiles its backward
     too; torch.autograd.grad itself is not traced); the JVP along ones; fn's value, x not requiring grad; or a
     torch.func transform of fn (``_transformed``), the anchor there with every rule torch.func asks for."""
@@ -190,7 +190,8 @@ def programs(name: str, phase: str) -> Callable[[torch.Tensor], object]:
         return _jvp(fn)
     if phase == "eager value+grad":
         return _value_and_grad(fn)
-    return _value_and_grad(torch.compile(_Log1pexpNoJvp.apply if name == ANCHOR else fn, fullgraph=True))
+    return _value_and_grad(torch.compile(_Log1pexpNoJvp.apply if name == ANCHOR else fn, fullgraph=True,
+                                         backend=backend))
 
 
 def _synchronize(x: torch.Tensor) -> None:
@@ -213,10 +214,10 @@ def block_medians(calls: dict[str, Callable[[], object]], x: torch.Tensor, min_t
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def run_cell(n: int, phase: str, blocks: int, min_time: float, device: str) -> list[dict]:
+def run_cell(n: int, phase: str, blocks: int, min_time: float, device: str, backend: str = "inductor") -> list[dict]:
     x = torch.linspace(-20.0, 100.0, n, dtype=torch.float32, device=device)
-    return _timed_rows({name: programs(name, phase) for name in implementations(phase)}, x, n, phase, blocks,
-                       min_time)
+    return _timed_rows({name: programs(name, phase, backend) for name in implementations(phase)}, x, n, phase,
+                       blocks, min_time)
 
 
 def _timed_rows(programs_of: dict[str, Callable[[torch.Tensor], object]], x: torch.Tensor, n: int, phase: str,
@@ -271,9 +272,10 @@ def step_programs(name: str, phase: str, width: int, device: str,
     return step
 
 
-def step_cell(phase: str, batch: int, width: int, blocks: int, min_time: float, device: str) -> list[dict]:
+def step_cell(phase: str, batch: int, width: int, blocks: int, min_time: float, device: str,
+              backend: str = "inductor") -> list[dict]:
     x = torch.linspace(-3.0, 3.0, batch * width, device=device).reshape(batch, width)
-    return _timed_rows({name: step_programs(name, phase, width, device) for name in IMPLEMENTATIONS}, x,
+    return _timed_rows({name: step_programs(name, phase, width, device, backend) for name in IMPLEMENTATIONS}, x,
                        batch * width, phase, blocks, min_time, rounds=3)
 
 
@@ -329,12 +331,13 @@ def _time(seconds: float) -> str:
         f"{seconds:.1f} s")
 
 
-def markdown(rows: list[dict], device: str, batch: int = 0, width: int = 0) -> str:
+def markdown(rows: list[dict], device: str, batch: int = 0, width: int = 0, backend: str = "inductor") -> str:
     sizes = sorted({row["n"] for row in rows if row["phase"] in PHASES and row["phase"] != JACFWD})
     lines = [f"# PyTorch: log1pexp eagerly, compiled and under torch.func, {device}", "",
              f"torch {torch.__version__}. Median seconds of calls; ratio to `{ANCHOR}` as the median over blocks of "
              "interleaved calls, with its range over the blocks (run-to-run noise). Compiled: log1pexp under "
-             "`torch.compile(fullgraph=True)`, its backward compiled by AOTAutograd, the anchor without its `jvp` "
+             f"`torch.compile(fullgraph=True, backend={backend!r})`, its backward compiled by AOTAutograd, the anchor "
+             "without its `jvp` "
              "(which `torch.compile` refuses). Under torch.func the anchor has `setup_context`, a `jvp` and a "
              "generated vmap rule, which torch.func asks of a Function.", ""]
     for phase in [p for p in PHASES if any(r["phase"] == p for r in rows)]:
@@ -384,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", nargs="*", default=PHASES, choices=PHASES, help="default: every phase")
     parser.add_argument("--compile-rounds", type=int, default=3, help="rounds of the first-compile row")
     parser.add_argument("--compile-backend", default="inductor",
-                        help="the first-compile row's backend (aot_eager: no kernels built, for a quick check)")
+                        help="every compiled row's backend (aot_eager: no kernels built, for a quick check)")
     parser.add_argument("--first-compile", default=None, help=argparse.SUPPRESS)  # one child of that row
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -395,15 +398,17 @@ def main(argv: list[str] | None = None) -> int:
     cells = [(n, phase) for n in sizes for phase in args.phases if phase != JACFWD]
     cells += [(JACOBIAN_SIZE, JACFWD)] if JACFWD in args.phases else []
     rows = [] if args.steps_only else [row for n, phase in cells
-                                       for row in run_cell(n, phase, args.blocks, args.min_time, device)]
+                                       for row in run_cell(n, phase, args.blocks, args.min_time, device,
+                                                           args.compile_backend)]
     if args.batch:
         rows += [row for phase in STEPS
-                 for row in step_cell(phase, args.batch, args.width, args.blocks, args.min_time, device)]
+                 for row in step_cell(phase, args.batch, args.width, args.blocks, args.min_time, device,
+                                      args.compile_backend)]
         rows += first_compile_rows(args.batch, args.width, device, args.compile_rounds, args.compile_backend)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "latest-torch-gpu" if device == "cuda" else "latest-torch"
-    text = markdown(rows, device_name(device), args.batch, args.width)
+    text = markdown(rows, device_name(device), args.batch, args.width, args.compile_backend)
     (out / f"{stem}.md").write_text(text)
     (out / f"{stem}.json").write_text(json.dumps({"device": device_name(device), "torch": torch.__version__,
                                                   "rows": rows}))

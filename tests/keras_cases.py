@@ -2,6 +2,7 @@
 test_keras.py runs this file once per backend, each in its own process. Truths: the closed forms (sigmoid for
 log1pexp's derivative), Keras's own answers where they are right, and ops.softplus's training."""
 
+import functools
 import pathlib
 
 import numpy as np
@@ -204,6 +205,13 @@ def _trained(activation, steps=5, policy="float32", jit_compile=False):
         keras.mixed_precision.set_global_policy("float32")
 
 
+@functools.cache
+def _softplus_weights(jit_compile=False):
+    """The weights ops.softplus trains to (the same function autodiffed): the truth of several tests, trained once
+    (compiled, a model's training compiles in tens of seconds on torch's CPU)."""
+    return _trained(ops.softplus, jit_compile=jit_compile)[0]
+
+
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
 def test_model_fit_with_a_custom_gradient_activation_reaches_the_same_weights(policy):
     """Against Keras's own decorator of the same example (right in reverse mode), and in float32 against
@@ -212,7 +220,7 @@ def test_model_fit_with_a_custom_gradient_activation_reaches_the_same_weights(po
     ours, dtype = _trained(log1pexp_with(sgk.custom_gradient), policy=policy)
     keras_own, _ = _trained(log1pexp_with(ops.custom_gradient), policy=policy)
     assert dtype == ("float16" if policy == "mixed_float16" else "float32")
-    truths = [keras_own] + ([_trained(ops.softplus)[0]] if policy == "float32" else [])
+    truths = [keras_own] + ([_softplus_weights()] if policy == "float32" else [])
     half = policy == "mixed_float16"  # gradients in float16, whose rounding a compiler may place otherwise
     for truth in truths:
         for got, expected in zip(ours, truth, strict=True):
@@ -227,7 +235,7 @@ def test_model_fit_compiled_with_jit_compile_matches_the_uncompiled_run(form):
     activation = log1pexp_with(sgk.custom_gradient) if form == "decorator" else (
         lambda x: sgk.custom_gradient(ops.logaddexp(x, 0.0), ops.sigmoid(x), x))
     compiled, _ = _trained(activation, jit_compile=True)
-    for truth in (_trained(activation)[0], _trained(ops.softplus, jit_compile=True)[0]):
+    for truth in (_trained(activation)[0], _softplus_weights(jit_compile=True)):
         for got, expected in zip(compiled, truth, strict=True):
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
