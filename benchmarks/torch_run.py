@@ -337,9 +337,8 @@ def markdown(rows: list[dict], device: str, batch: int = 0, width: int = 0, back
              f"torch {torch.__version__}. Median seconds of calls; ratio to `{ANCHOR}` as the median over blocks of "
              "interleaved calls, with its range over the blocks (run-to-run noise). Compiled: log1pexp under "
              f"`torch.compile(fullgraph=True, backend={backend!r})`, its backward compiled by AOTAutograd, the anchor "
-             "without its `jvp` "
-             "(which `torch.compile` refuses). Under torch.func the anchor has `setup_context`, a `jvp` and a "
-             "generated vmap rule, which torch.func asks of a Function.", ""]
+             "without its `jvp` (which `torch.compile` refuses). Under torch.func the anchor has `setup_context`, a "
+             "`jvp` and a generated vmap rule, which torch.func asks of a Function.", ""]
     for phase in [p for p in PHASES if any(r["phase"] == p for r in rows)]:
         phase_sizes = [JACOBIAN_SIZE] if phase == JACFWD else sizes
         columns = [f"n = {n}" if phase == JACFWD else f"n = {n:.0e}" for n in phase_sizes]

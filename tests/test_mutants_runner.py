@@ -11,13 +11,14 @@ import sys
 
 TESTS = pathlib.Path(__file__).parent
 
+REAL = "the bounded cache forgets which entry was used last"
 # Variants of one real mutant (the bounded cache's, whose tests are fast and use no framework, so the runner
 # imports none before forking): as it is (caught), its function left unchanged (its tests pass: it survives),
 # pointed at a test that does not exist.
-PROGRAM = """
+PROGRAM = f"""
 import dataclasses, sys
 import mutants
-real = mutants.MUTANTS["the bounded cache forgets which entry was used last"]
+real = mutants.MUTANTS[{REAL!r}]
 mutants.MUTANTS["unchanged"] = dataclasses.replace(real, broken=lambda original: original)
 mutants.MUTANTS["no such test"] = dataclasses.replace(real, caught_by=("tests/test_bounded_cache.py::no_such_test",))
 mutants.TIMEOUT_SECONDS = float(sys.argv[2])
@@ -26,7 +27,6 @@ sys.exit(mutants.main(sys.argv[1].split(",")))
 """
 # A line of the runner's output: its outcome and its mutant.
 OUTCOME = re.compile(r"\s*(caught|SURVIVED|BROKEN)\S*(?: \(-?\d+\))?\s+\d+ s  (.+?)  \(")
-REAL = "the bounded cache forgets which entry was used last"
 
 
 def _run(names: list[str], timeout_seconds: float = 300) -> subprocess.CompletedProcess:
