@@ -149,6 +149,12 @@ def _holds_everywhere(original):
     return lambda number, tensors: True
 
 
+def _never_branched(original):
+    """The eager PyTorch proof with a closed-over float as a symbol kept where the trace read the float's value: a
+    branch on it, or math.exp of it, taken at the symbol's stand-in value for every value."""
+    return lambda traced_on: False
+
+
 def _compiled_as_written(original):
     """Under torch.compile the VJP differentiated as Dynamo traces it, its proven map and transpose dropped: a VJP
     under no_grad is embedded without its derivative (a silent 0)."""
@@ -923,6 +929,10 @@ MUTANTS = {
     "a decorated method's instance taken for an argument": Mutant(
         "stopgrad_math.shared.arguments", "called_as_a_method", _never_a_method,
         ("tests/test_jax_decorator_form.py::test_a_decorated_method_binds_its_instance_and_keeps_its_signature",)),
+    "the eager PyTorch proof over a float ignores what its trace read of it": Mutant(
+        "stopgrad_math.torch.size_conditions", "branched", _never_branched,
+        ("tests/test_torch_proofs_kept.py::test_a_vjp_that_reads_its_float_is_proven_per_value_and_refused_where_"
+         "that_value_is_not_linear",)),
     "the compiled PyTorch proof for any size holds at every size": Mutant(
         "stopgrad_math.torch.size_conditions", "holds", _holds_everywhere,
         ("tests/test_torch_decorator_compiled.py::"

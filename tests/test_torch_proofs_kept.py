@@ -5,6 +5,7 @@ bounded. Every gradient is checked against its closed form, never against the li
 import contextvars
 import gc
 import linecache
+import math
 import threading
 import types
 import weakref
@@ -87,9 +88,9 @@ def test_one_proof_serves_eager_calls_and_transforms_of_one_signature_and_a_new_
 
 
 def test_a_new_closure_value_shape_dtype_or_global_makes_a_new_proof(traces):
-    torch.testing.assert_close(_gradient(_scaled_sin(2.0), X), 2.0 * torch.cos(X), rtol=0, atol=0)
-    torch.testing.assert_close(_gradient(_scaled_sin(5.0), X), 5.0 * torch.cos(X), rtol=0, atol=0)
-    assert traces[0] == 2
+    torch.testing.assert_close(_gradient(_scaled_sin(2), X), 2.0 * torch.cos(X), rtol=0, atol=0)
+    torch.testing.assert_close(_gradient(_scaled_sin(5), X), 5.0 * torch.cos(X), rtol=0, atol=0)
+    assert traces[0] == 2  # an int is keyed by value (it may be a size, an axis, a count)
     f = _scaled_sin(2.0)
     longer, single = torch.linspace(-2, 2, 7, dtype=torch.float64), X.float()
     torch.testing.assert_close(_gradient(f, longer), 2.0 * torch.cos(longer), rtol=0, atol=0)
@@ -108,6 +109,80 @@ def test_a_new_closure_value_shape_dtype_or_global_makes_a_new_proof(traces):
     finally:
         SCALE = 3.0
     assert traces[0] == 6
+
+
+_FLOATS = (2.0, -3.5, 0.0, -0.0, 1e-300, 0.1)  # each a float the proof's symbol was not traced at (0.5)
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "autograd.grad(create_graph)"])
+def test_a_changing_float_in_the_closure_is_one_proof_giving_each_values_gradient(mode, traces):
+    """Issue 56: a Python float the VJP closes over (a learning rate, a temperature) is a symbol of the proof, not
+    part of its key: six values, one proof, and each call's gradient is s·cos(x) (0.0 included: a symbol is
+    never read as a literal zero). Before, each value was a new proof (23–38 ms a call)."""
+    for scale in _FLOATS:
+        torch.testing.assert_close(MODES[mode](_scaled_sin(scale), X), scale * torch.cos(X), rtol=0, atol=0)
+    assert traces[0] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("mode", ["backward", "forward_ad", "func.grad", "func.jvp", "func.vmap(func.grad)"])
+def test_a_float_taken_as_a_symbol_gives_the_vjps_own_bits(mode, dtype, monkeypatch):
+    """The proof's graphs take the float as a Python number, as the VJP does (a 0-d tensor would round otherwise
+    in float16): over a grid of awkward x (±0, ±inf, NaN) and floats (0.1, −0.0, one float16 cannot hold), the
+    kept proof gives the bits (signs of zero, NaN included) of the VJP traced at every call with the float as a
+    literal."""
+    grid = torch.tensor([0.0, -0.0, 1e-3, -2.5, np.inf, -np.inf, np.nan, 6e4], dtype=dtype)
+    for scale in (0.1, 1e-9, 3.0):
+        kept = MODES[mode](_scaled_sin(scale), grid)
+        with monkeypatch.context() as patched:
+            patched.setattr(decorator_form, "_known", lambda *args: None)
+            traced = MODES[mode](_scaled_sin(scale), grid)
+        assert torch.equal(torch.signbit(kept), torch.signbit(traced)), (scale, kept, traced)
+        torch.testing.assert_close(kept, traced, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.0])
+def test_a_zero_float_in_the_closure_gives_what_a_function_with_that_backward_gives(scale):
+    """A float symbol is never read as a literal zero: at s = ±0.0 the gradient is ct·cos(x)·s, NaN where cos(x)
+    is, as the torch.autograd.Function with that backward gives it, signs of zero included (a literal ``ct * 0.0``
+    written in the VJP is a proven zero instead)."""
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(torch.cos(x))
+            return torch.sin(x)
+
+        @staticmethod
+        def backward(ctx, ct):
+            (c,) = ctx.saved_tensors
+            return ct * c * scale
+
+    grid = torch.tensor([0.0, -0.0, 1e-3, -2.5, np.inf, -np.inf, np.nan, 6e4], dtype=torch.float64)
+    for _ in range(2):  # the proof's first call, then the kept one
+        ours, anchor = _gradient(_scaled_sin(scale), grid), _gradient(Scaled.apply, grid)
+        numbers = ~torch.isnan(anchor)  # (a NaN's sign is the identity's: its negations, docs/torch.md)
+        assert torch.equal(torch.signbit(ours[numbers]), torch.signbit(anchor[numbers])), (ours, anchor)
+        torch.testing.assert_close(ours, anchor, rtol=0, atol=0, equal_nan=True)
+
+
+def _softened(s):
+    """A VJP that reads its float: ``math.exp`` of it, and a branch on it (abs, not linear, where s ≥ 1)."""
+    @sgm.custom_gradient
+    def f(x):
+        c = torch.cos(x)
+        return torch.sin(x), lambda ct: ct * c * math.exp(s) if s < 1.0 else (ct * c).abs()
+    return f
+
+
+def test_a_vjp_that_reads_its_float_is_proven_per_value_and_refused_where_that_value_is_not_linear(traces):
+    """The trace with the float as a symbol reads it (a guard of its ShapeEnv): that signature is then proven
+    per value of its floats, as before, so each value gets its own gradient, and a value whose branch is not
+    linear is refused naming the op, as a trace at every call refuses it."""
+    for s in (0.25, -1.0, 0.25):
+        torch.testing.assert_close(_gradient(_softened(s), X), math.exp(s) * torch.cos(X), rtol=0, atol=0)
+    assert traces[0] == 3  # the symbolic trace, then one per value
+    with pytest.raises(ValueError, match="abs"):
+        _gradient(_softened(2.0), X)
 
 
 def test_a_vjp_that_reads_a_closed_over_value_or_holds_an_object_is_traced_at_every_call(traces):
@@ -273,7 +348,7 @@ def test_fx_source_caches_and_memory_stay_flat_over_many_eager_calls():
 
 def test_new_proofs_leave_nothing_in_pytorchs_caches_or_the_threads_context(monkeypatch):
     """Issue 56: each new proof left an FX source in FX's cache and in linecache (its J·v factor's graph, made
-    outside the lock that drops them), an entry in fake tensors' dispatch cache (the new float by value), and four
+    outside the lock that drops them), an entry in fake tensors' dispatch cache (the new number by value), and four
     context variables in the thread's context (make_fx's config patches, torch 2.13): with the proofs bounded,
     a hundred new signatures leave every count as it was."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -291,12 +366,12 @@ def test_new_proofs_leave_nothing_in_pytorchs_caches_or_the_threads_context(monk
         return (len(_loader.eval_cache), len(linecache.cache), len(FakeTensorMode.cache),
                 len(contextvars.copy_context()))
 
-    for k in range(8):
-        _gradient(scaled(100.0 + k), X)
+    for k in range(8):  # (an int in the closure is keyed by value: each a new proof)
+        _gradient(scaled(100 + k), X)
     gc.collect()
     before = counts()
     for k in range(100):
-        torch.testing.assert_close(_gradient(scaled(1.0 + k), X), (1.0 + k) * torch.cos(X), rtol=0, atol=0)
+        torch.testing.assert_close(_gradient(scaled(1 + k), X), (1.0 + k) * torch.cos(X), rtol=0, atol=0)
     gc.collect()
     assert counts() == before
 

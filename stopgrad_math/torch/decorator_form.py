@@ -191,7 +191,9 @@ def _traced_under_transform(cotangents: _Cotangents, vjp: Callable[[Any], Any]) 
 
 
 def _batched(tensor: torch.Tensor) -> bool:
-    """Whether the tensor is batched by a torch.func vmap, at any level of its wrappers."""
+    """Whether the tensor is batched by a torch.func vmap, at any level of its wrappers (a float is not)."""
+    if not isinstance(tensor, torch.Tensor):
+        return False
     while is_functorch_wrapped_tensor(tensor):
         if is_batchedtensor(tensor):
             return True
@@ -314,44 +316,83 @@ def _proven(cotangents: _Cotangents, vjp: Callable[[Any], Any],
 @dataclasses.dataclass(frozen=True)
 class _Proof:
     """A VJP proven once for its signature: the argument leaves whose cotangent is linear, and the graphs of
-    ``_maps`` (its map and its transpose), each a function of the cotangents (or v) and then the tensors the
-    VJP closes over. It holds no tensor of the call it was made at: the graphs were traced on stand-ins."""
+    ``_maps`` (its map and its transpose), each a function of the cotangents (or v) and then the values the
+    VJP closes over: its tensors, and its Python floats at ``floats`` (by position among those values), which the
+    graphs take as symbols. It holds no tensor of the call it was made at: the graphs were traced on stand-ins."""
 
     kept: list[int]
     vjp_map: torch.fx.GraphModule | None  # None where nothing is kept
     transposed: torch.fx.GraphModule | None
     maps_tangents: bool = False  # forward mode differentiates the transpose by applying it to the tangents
     factor: torch.fx.GraphModule | None = None  # the transpose is v times this graph's tensor
+    floats: tuple[int, ...] = ()
 
 
 PROOFS_KEPT = 256
 _PROOFS: bounded_cache.BoundedCache[Any] = bounded_cache.BoundedCache(PROOFS_KEPT)
 _TRACED_AT_EVERY_CALL = object()  # a signature whose VJP reads a value, or closes over a tensor it made itself
+_FLOATS_BY_VALUE = object()  # a signature whose VJP reads a float it closes over: proven per value of its floats
 
 
 def _known(cotangents: _Cotangents, vjp: Callable[[Any], Any],
            order: int) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None] | None:
     """``_proven`` from the proof made at the first call of the VJP's signature (``_signature``): the VJP's code,
-    the values in its closure other than tensors, the globals it reads, each tensor's ``tensor_key``, the
-    arguments' and y's structure and leaves, the order. None where the VJP cannot be keyed
-    (``vjp_closure.keyed``), or where a trace by shapes alone fails (it reads a value in Python) or keeps a
+    the values in its closure other than tensors and floats, the globals it reads, each tensor's ``tensor_key``,
+    the arguments' and y's structure and leaves, the order. A float it closes over is a symbol of the proof
+    (``size_conditions.floats_as_symbols``), so that a learning rate changing at every call is proven once; where
+    the VJP reads one's value (a branch, ``math.exp``), each value is a signature. None where the VJP cannot be
+    keyed (``vjp_closure.keyed``), or where a trace by shapes alone fails (it reads a value in Python) or keeps a
     tensor: then it is traced at every call, as before."""
-    opened = vjp_closure.keyed(vjp)
+    found = _kept(cotangents, vjp, order, floats=True)
+    if found is not None and found[1] is _FLOATS_BY_VALUE:
+        found = _kept(cotangents, vjp, order, floats=False)
+    if found is None or found[1] is _TRACED_AT_EVERY_CALL:
+        return None
+    opened, proof = found
+    tensors = [t for k, t in enumerate(opened.arrays) if k not in proof.floats]
+    vjp_map, transposed = proof.vjp_map, proof.transposed
+    if vjp_map is None or transposed is None:
+        return [], lambda *cts: [], tensors, None
+    floats = tuple((k, opened.arrays[k]) for k in proof.floats)
+    constants = tensors if order == 2 else [identity.stop(t) for t in tensors]
+    def put_back(graph: Any) -> Any:
+        return _FloatsPutBack.around(graph, floats, len(tensors))
+
+    linear = linear_ops.LinearMap(put_back(vjp_map).forward, constants)  # (forward: a Module's call adds its
+    # hooks' checks)
+    return list(proof.kept), linear, tensors, _Transpose(put_back(transposed), constants, proof.maps_tangents,
+                                                         put_back(proof.factor))
+
+
+def _kept(cotangents: _Cotangents, vjp: Callable[[Any], Any], order: int,
+          floats: bool) -> tuple[closure_key.Opened, Any] | None:
+    """The VJP opened (``vjp_closure.keyed``, its floats as operands or by value) and the proof of its signature,
+    made now where it is new; None where it cannot be keyed."""
+    opened = vjp_closure.keyed(vjp, floats)
     signature = None if opened is None else _signature(cotangents, opened, order)
     if opened is None or signature is None:
         return None
     proof = _PROOFS.get(signature)
-    if proof is None:
-        proof = _PROOFS.put(signature, _proof(cotangents, opened))
-    if proof is _TRACED_AT_EVERY_CALL:
-        return None
-    tensors = opened.arrays
-    vjp_map, transposed = proof.vjp_map, proof.transposed
-    if vjp_map is None or transposed is None:
-        return [], lambda *cts: [], tensors, None
-    constants = tensors if order == 2 else [identity.stop(t) for t in tensors]
-    linear = linear_ops.LinearMap(vjp_map.forward, constants)  # (forward: a Module's call adds its hooks' checks)
-    return list(proof.kept), linear, tensors, _Transpose(transposed, constants, proof.maps_tangents, proof.factor)
+    return opened, _PROOFS.put(signature, _proof(cotangents, opened)) if proof is None else proof
+
+
+@dataclasses.dataclass(frozen=True)
+class _FloatsPutBack:
+    """A proof's graph, given its first inputs and then the tensors the VJP closes over, with the VJP's floats put
+    back among those where the graph took them (``_with_numbers``)."""
+
+    graph: torch.fx.GraphModule
+    floats: tuple[tuple[int, float], ...]
+    tensors: int  # how many of its inputs, last, are the tensors
+
+    @classmethod
+    def around(cls, graph: Any, floats: tuple[tuple[int, float], ...], tensors: int) -> Any:
+        """The graph, or where it takes floats, the graph with them put back (None stays None)."""
+        return graph if graph is None or not floats else cls(graph, floats, tensors)
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        first = len(inputs) - self.tensors
+        return self.graph.forward(*inputs[:first], *_with_numbers(list(inputs[first:]), self.floats))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,10 +401,10 @@ class _Transpose:
     it by applying it to the tangents (``eager_fast_path.maps_tangents``); ``factor``: J·v is v times this graph's
     tensor (``eager_fast_path.product_factor``)."""
 
-    graph: torch.fx.GraphModule
+    graph: torch.fx.GraphModule | _FloatsPutBack
     constants: list[torch.Tensor]
     maps_tangents: bool
-    factor: torch.fx.GraphModule | None = None
+    factor: torch.fx.GraphModule | _FloatsPutBack | None = None
 
     def __call__(self, *vs: torch.Tensor) -> list[torch.Tensor]:  # v as the stand-ins it was traced on: contiguous
         return list(self.graph.forward(*[v.contiguous() for v in vs], *self.constants))
@@ -373,29 +414,42 @@ def _proof(cotangents: _Cotangents, opened: closure_key.Opened) -> Any:
     """The ``_Proof`` of the VJP opened; ``_TRACED_AT_EVERY_CALL`` where a trace by shapes fails, proves nothing,
     keeps a tensor, or, under vmap, indexes with a mask made from a batched tensor (``_traced`` then says which).
     Shapes are read where the call is, and the graphs traced outside any torch.func transform, on plain
-    stand-ins."""
+    stand-ins. Where the VJP closes over floats, each is a symbol (``size_conditions.floats_as_symbols``), and
+    ``_FLOATS_BY_VALUE`` where the trace read one or failed: their values decide."""
     examples = cotangents.examples()
-    makers = [*(stand_in(e) for e in examples), *(vjp_closure.strided_stand_in(t) for t in opened.arrays)]
+    floats = tuple(k for k, a in enumerate(opened.arrays) if type(a) is float)
+    makers = [*(stand_in(e) for e in examples),
+              *((lambda: 0.0) if type(a) is float else vjp_closure.strided_stand_in(a) for a in opened.arrays)]
     describe = cotangents.described()
     leaves = cotangents.leaves
     leaf_makers = {k: stand_in(leaves.values[k]) for k in leaves.differentiable}
     batched = {len(examples) + k for k, t in enumerate(opened.arrays) if _batched(t)}
     with linear_ops.exclusive(), temporarily_clear_interpreter_stack():  # (exclusive: the modules made here too)
-        stand_ins = [make() for make in makers]
+        stand_ins: list[Any] = [make() for make in makers]
+        if floats:
+            stand_ins = size_conditions.floats_as_symbols(stand_ins)
         try:
             traced = _traced_by_shapes(cotangents, describe, opened.rebuild, stand_ins, len(examples))
             kept = _proven_states(cotangents, traced.states())
         except Exception:  # a read of a value (an op on it: item's _local_scalar_dense), or no proof: the trace on
-            return _TRACED_AT_EVERY_CALL  # the real tensors it closes over says what is allowed, or names the op
+            # the real tensors it closes over says what is allowed, or names the op
+            return _FLOATS_BY_VALUE if floats else _TRACED_AT_EVERY_CALL
         if not all(k in traced.literals and c.numel() == 1 for k, c in enumerate(traced.constants)) or (
                 batched and linear_ops.boolean_mask_op(traced.graph, batched) is not None):
-            return _TRACED_AT_EVERY_CALL
+            return _FLOATS_BY_VALUE if floats else _TRACED_AT_EVERY_CALL
         proof = _Proof([], None, None)
         if kept:
-            vjp_map, transposed = _maps(traced, [cotangents.found.index(k) for k in kept],
-                                        [leaf_makers[k]() for k in kept], stand_ins, len(examples), [])
+            try:
+                vjp_map, transposed = _maps(traced, [cotangents.found.index(k) for k in kept],
+                                            [leaf_makers[k]() for k in kept], stand_ins, len(examples), [])
+            except Exception:
+                if floats:
+                    return _FLOATS_BY_VALUE
+                raise
             proof = _Proof(kept, vjp_map, transposed, eager_fast_path.maps_tangents(transposed, len(kept)),
-                           eager_fast_path.product_factor(transposed, len(kept)))
+                           eager_fast_path.product_factor(transposed, len(kept)), floats)
+        if floats and size_conditions.branched(stand_ins):
+            return _FLOATS_BY_VALUE
     cotangents.warn_if_none_found()
     return proof
 
@@ -558,10 +612,15 @@ class _KeyedMaps:
         return list(_COMPILED[self.key + 1](*vs, *self._with_numbers(constants)))
 
     def _with_numbers(self, tensors: list[torch.Tensor]) -> list[Any]:
-        given: list[Any] = list(tensors)
-        for k, number in self.numbers:
-            given.insert(k, number)
-        return given
+        return _with_numbers(tensors, self.numbers)
+
+
+def _with_numbers(tensors: list[torch.Tensor], numbers: tuple[tuple[int, Any], ...]) -> list[Any]:
+    """The tensors with each number put back at its position among the values a graph takes."""
+    given: list[Any] = list(tensors)
+    for k, number in numbers:
+        given.insert(k, number)
+    return given
 
 
 _NAMES: dict[int, str] = {}  # the decorated function's name at each key of ``_COMPILED``, for its messages
@@ -1146,7 +1205,7 @@ def _product_of_map(outputs: Leaves, xs: list[torch.Tensor], transposed: Linear 
             and len(outputs.differentiable) == 1 and not _one_element(outputs, xs)):
         return None
     index = outputs.differentiable[0]
-    y = eager_fast_path.product_of_map(outputs.values[index], xs[0], transposed.factor, transposed.constants,
+    y = eager_fast_path.product_of_map(outputs.values[index], xs[0], transposed.factor.forward, transposed.constants,
                                        closed_over, name)
     return None if y is None else outputs.with_values({index: y})
 

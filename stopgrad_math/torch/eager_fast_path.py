@@ -285,7 +285,7 @@ class _ProductOfMap(torch.autograd.Function):
         return cotangent, gradient, None, None, None
 
 
-def product_of_map(y: torch.Tensor, x: torch.Tensor, factor: torch.fx.GraphModule, constants: list[torch.Tensor],
+def product_of_map(y: torch.Tensor, x: torch.Tensor, factor: Callable[..., Any], constants: list[torch.Tensor],
                    stopped: list[torch.Tensor], name: str) -> torch.Tensor | None:
     """The decorator's output y with derivative J w.r.t. x in reverse mode alone at order 1, J·v being v times
     ``factor``'s tensor (``product_factor``) of the ``constants``, as its ordinary ops with the guard on x give it
@@ -295,7 +295,7 @@ def product_of_map(y: torch.Tensor, x: torch.Tensor, factor: torch.fx.GraphModul
     if not (_plain(x, x) and x.dtype in _DTYPES and x.is_contiguous() and _plain(y, x)
             and identity.plainly_eager() and not torch.is_autocast_enabled(x.device.type)):
         return None
-    c = factor.forward(x, *constants)  # (its first input, v, unread)
+    c = factor(x, *constants)  # (its first input, v, unread)
     finite = (_plain(c, x) and identity.all_finite(x, c)) if isinstance(c, torch.Tensor) \
         else (math.isfinite(c) and identity.all_finite(x))
     if not finite:

@@ -11,6 +11,10 @@ judged is then the graph at every size where all the guards hold, and at no
 other; ``condition`` gives them as one function of the call's tensors, which
 the compiled call runs as Dynamo traces it, so that Dynamo guards its code on
 that function's answer as it guards its own branches on sizes.
+
+Eagerly, the floats a VJP closes over are symbols of such a ShapeEnv too
+(``floats_as_symbols``), its tensors of static sizes: where the trace took no
+branch on a float (``branched``), the proof holds for every float.
 """
 
 from __future__ import annotations
@@ -43,7 +47,6 @@ def stand_ins(leaves: Sequence[tuple[tuple[int | None, ...], torch.dtype, torch.
     """Fake tensors of the leaves' (shape, dtype, device), each size None a symbol of their own ShapeEnv (no two
     taken as one because they are equal here), each other size static; then ``floats`` float symbols of that
     ShapeEnv (Python floats whose value Dynamo keeps as a symbol)."""
-    from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
@@ -56,14 +59,42 @@ def stand_ins(leaves: Sequence[tuple[tuple[int | None, ...], torch.dtype, torch.
         static_shapes=False, symbolic_context=StatelessSymbolicContext(
             dynamic_sizes=[DimDynamic.DYNAMIC if n is None else DimDynamic.STATIC for n in shape]))
         for shape, dtype, device in leaves]
-    for _ in range(floats):
-        source = LocalSource(f"t{len(made)}")
-        symbol = environment.create_unspecified_symbol(_ANY_FLOAT, source, dynamic_dim=DimDynamic.DYNAMIC)
-        made.append(environment.create_symfloatnode(symbol, hint=_ANY_FLOAT, source=source))
-    return made
+    return made + [_float_symbol(environment, len(made) + k) for k in range(floats)]
+
+
+def _float_symbol(environment: Any, position: int) -> Any:
+    """A float symbol of the ShapeEnv, a Python float whose value a trace keeps as a symbol (``_ANY_FLOAT`` where
+    it must read one), named as the stand-in at ``position``."""
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    source = LocalSource(f"t{position}")
+    symbol = environment.create_unspecified_symbol(_ANY_FLOAT, source, dynamic_dim=DimDynamic.DYNAMIC)
+    return environment.create_symfloatnode(symbol, hint=_ANY_FLOAT, source=source)
 
 
 _ANY_FLOAT = 0.5  # the value of a float symbol as a trace reads it
+
+
+def floats_as_symbols(values: Sequence[Any]) -> list[Any]:
+    """The values with each Python float a float symbol of one new ShapeEnv and each tensor a fake tensor of that
+    ShapeEnv's fake mode, of its shape and strides (every size static): stand-ins on which a trace takes every
+    float as any float, and ``branched`` says whether it read one."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    environment = ShapeEnv(duck_shape=False)
+    mode = FakeTensorMode(shape_env=environment, allow_non_fake_inputs=True, static_shapes=True)
+    return [_float_symbol(environment, k) if type(v) is float else mode.from_tensor(v, static_shapes=True)
+            for k, v in enumerate(values)]
+
+
+def branched(traced_on: Sequence[Any]) -> bool:
+    """Whether a trace on stand-ins of ``floats_as_symbols`` read a float's value: took a branch on one, made a
+    number or a tensor of its value (``float()``, ``math.exp``, ``torch.tensor``), or asserted something of it.
+    Where it did not, its graph holds at every float."""
+    environment = next(v.node.shape_env for v in traced_on if isinstance(v, torch.SymFloat))
+    return bool(environment.guards) or any(environment.deferred_runtime_asserts.values())
 
 
 def condition(traced_on: Sequence[Any]) -> int:

@@ -15,7 +15,8 @@ wrapped tensor that way is found when it is traced.
 decorator's proofs, made once per key: a tensor keyed by its shape, strides,
 dtype, device and layout, and none taken from a global or a module's attribute
 (a tensor can change in place), so that what a key cannot capture is traced
-anew at every call.
+anew at every call; with ``floats``, a Python float there is passed in
+beside the tensors, keyed by its type alone.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import copy
 import dataclasses
 import os
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -152,14 +153,25 @@ def strided_stand_in(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
     return lambda: torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 
+_CONSTANTS = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
 _TENSORS = closure_key.Arrays(lambda value: isinstance(value, torch.Tensor), tensor_key, lambda value: False,
-                              (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size))
+                              _CONSTANTS)
 
 
-def keyed(vjp: Callable[..., Any]) -> closure_key.Opened | None:
+def _float_or_tensor_key(value: Any) -> Hashable:
+    return ("number", float) if type(value) is float else tensor_key(value)
+
+
+_TENSORS_AND_FLOATS = closure_key.Arrays(lambda value: type(value) is float or isinstance(value, torch.Tensor),
+                                         _float_or_tensor_key, lambda value: False, _CONSTANTS)
+
+
+def keyed(vjp: Callable[..., Any], floats: bool = False) -> closure_key.Opened | None:
     """The VJP as a key and its closed-over tensors (``shared.closure_key``); None where it holds something a key
-    cannot capture (a list, an object, a tensor read from a global), and is traced at every call."""
-    return closure_key.opened(vjp, _TENSORS)
+    cannot capture (a list, an object, a tensor read from a global), and is traced at every call. ``floats``: the
+    Python floats in its closure and defaults are among the arrays too, keyed by their type alone (a learning rate
+    that changes at every call), for a proof that takes each as a symbol; else each is in the key by value."""
+    return closure_key.opened(vjp, _TENSORS_AND_FLOATS if floats else _TENSORS)
 
 
 def sparse_read(vjp: Any) -> str | None:
