@@ -219,19 +219,23 @@ def test_the_kept_proof_gives_what_a_trace_at_every_call_gives_bit_for_bit(mode,
     torch.testing.assert_close(traced[[0, 1, 2, 3, 7]], 2.0 * torch.cos(grid[[0, 1, 2, 3, 7]]), rtol=0, atol=0)
 
 
-def test_order_2_hessians_from_a_kept_proof_are_exact():
-    @sgm.custom_gradient(order=2)
-    def f(x):
-        c = torch.cos(x)
-        return torch.sin(x), lambda ct: ct * c
+def test_order_2_hessians_from_a_kept_proof_are_exact(traces):
+    def scaled(s):
+        @sgm.custom_gradient(order=2)
+        def f(x):
+            c = torch.cos(x)
+            return torch.sin(x), lambda ct: ct * c * s
+        return f
 
-    for x in (X, X * 2.0):
-        hessian = torch.func.hessian(lambda v: f(v).sum())(x)
-        torch.testing.assert_close(hessian, torch.diag(-torch.sin(x)))
+    for x, s in ((X, 1.0), (X * 2.0, 1.0), (X, -2.5)):  # (a float in the closure: one proof for every value)
+        f = scaled(s)
+        hessian = torch.func.hessian(lambda v, f=f: f(v).sum())(x)
+        torch.testing.assert_close(hessian, torch.diag(-torch.sin(x) * s))
         v = x.clone().requires_grad_(True)
         (g,) = torch.autograd.grad(f(v).sum(), v, create_graph=True)
         (second,) = torch.autograd.grad(g.sum(), v)
-        torch.testing.assert_close(second, -torch.sin(x))
+        torch.testing.assert_close(second, -torch.sin(x) * s)
+    assert traces[0] == 1
 
 
 @pytest.mark.parametrize("mode", ["backward", "func.grad", "func.jvp", "func.vmap(func.grad)"])
