@@ -843,7 +843,7 @@ MUTANTS = {
         "stopgrad_math.torch.second_derivative_guard", "forward_mode_possible", _never_carried,
         ("tests/test_torch_non_finite_values.py::test_an_elementwise_rule_reaches_a_non_finite_x",)),
     "the PyTorch identity leaves out its carrier for a non-finite x": Mutant(
-        "stopgrad_math.torch.identity", "_eagerly_finite", _always_finite,
+        "stopgrad_math.torch.identity", "eagerly_finite", _always_finite,
         (f"{_TORCH}::test_an_infinite_or_nan_element_of_x_keeps_the_value_and_gets_gx",
          f"{_AS_BACKWARD}::test_a_non_finite_value_reaches_the_elements_plain_autodiff_reaches")),
     "the JAX decorator selects on J·v where it is not finite": Mutant(

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as forward_ad
+from torch._C._functorch import TransformType
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared.layouts import Layout
@@ -199,7 +201,11 @@ def _stands_alone(y: torch.Tensor) -> bool:
 def dual_of_map(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
                 transposed: Callable[..., list[torch.Tensor]]) -> list[torch.Tensor] | None:
     """The decorator's outputs ``ys`` with the derivative J w.r.t. ``xs`` in forward mode alone (``transposed``:
-    J·v, a graph for which ``maps_tangents`` holds), as its ordinary ops give them; None where they must run."""
+    J·v, a graph for which ``maps_tangents`` holds), as its ordinary ops give them; None where they must run.
+    Eagerly y is made dual here; under ``torch.func.jvp`` (``jacfwd``, ``vmap`` of it) a Function gives the same
+    tangent (``_in_forward_transforms``)."""
+    if retrieve_all_functorch_interpreters():  # (a jvp transform's own forward-mode level is 0)
+        return _in_forward_transforms(ys, xs, transposed) if forward_ad._current_level == 0 else None
     if forward_ad._current_level != 0 or not identity.plainly_eager():  # first: a reverse-mode call pays one read
         return None
     if not (all(_plain(x, x) and x.dtype in _DTYPES and _forward_mode_alone(x) for x in xs)
@@ -215,6 +221,64 @@ def dual_of_map(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
     tangents = [forward_ad.unpack_dual(x).tangent.mul(-1.0) for x in xs]  # type: ignore[no-untyped-call]
     return [forward_ad.make_dual(torch.sub(y, 0.0), t.add(0.0).mul_(-1.0))  # type: ignore[no-untyped-call]
             for y, t in zip(ys, transposed(*tangents), strict=True)]
+
+
+class _DualOfMap(torch.autograd.Function):
+    """The decorator's outputs under torch.func's forward-mode transforms: each y − 0.0, with the tangent
+    −1·((J·(−1·ẋ)) + 0) that its ordinary ops give (``dual_of_map``), or ẏ − ((J·(−1·ẋ)) + 0) where y carries a
+    tangent of its own (f read another input of the transform). It serves forward mode alone: it is taken where
+    no reverse-mode transform or tensor requiring grad can differentiate it."""
+
+    generate_vmap_rule = True  # its forward is one op of its inputs; jacfwd and vmap batch it and its jvp
+
+    @staticmethod
+    def forward(transposed: Any, count: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.sub(y, 0.0) for y in tensors[:count])
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.set_materialize_grads(False)  # (a y without a tangent gets None, not zeros: its own sign of zero)
+        ctx.transposed, ctx.count = inputs[0], inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, *cotangents: Any) -> Any:
+        raise RuntimeError("stopgrad_math: the forward-mode fast path was differentiated in reverse mode")
+
+    @staticmethod
+    def jvp(ctx: Any, _transposed: Any, _count: Any, *tangents: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        y_tangents, x_tangents = tangents[:ctx.count], tangents[ctx.count:]
+        moved = [t.mul(-1.0) for t in x_tangents if t is not None]
+        if len(moved) != len(x_tangents):  # (never: ``_in_forward_transforms`` asks that each x has one)
+            raise RuntimeError("stopgrad_math: an x of the forward-mode fast path has no tangent")
+        products = ctx.transposed(*moved)
+        return tuple(p.add(0.0).mul_(-1.0) if t is None else torch.sub(t, p.add(0.0))
+                     for t, p in zip(y_tangents, products, strict=True))
+
+
+def _forward_transforms_alone() -> bool:
+    """One torch.func jvp transform, with vmaps around or inside it, and no grad or vjp transform."""
+    kinds = [interpreter.key() for interpreter in retrieve_all_functorch_interpreters()]
+    return kinds.count(TransformType.Jvp) == 1 and all(k in (TransformType.Jvp, TransformType.Vmap) for k in kinds)
+
+
+def _in_forward_transforms(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
+                           transposed: Callable[..., list[torch.Tensor]]) -> list[torch.Tensor] | None:
+    """``dual_of_map`` under torch.func's forward-mode transforms alone: where x and J·v at v = +0.0 are finite
+    (asked of the values the transforms' wrappers hold), the ``_DualOfMap`` of ys; None where the ordinary ops
+    must run."""
+    if not _forward_transforms_alone():
+        return None
+    if not all(type(t) is torch.Tensor and t.dtype in _DTYPES and not identity.unwrapped(t).requires_grad
+               for t in (*xs, *ys)):
+        return None
+    if not all(identity.eagerly_finite(x) and forward_ad.unpack_dual(x).tangent is not None  # type: ignore[no-untyped-call]
+               for x in xs):  # (an x with no tangent, an argument jacfwd does not differentiate: the ordinary ops)
+        return None
+    products = transposed(*[torch.zeros_like(x) for x in xs])  # J·v at v = +0.0
+    if len(products) != len(ys) or not all(identity.eagerly_finite(p) and p.shape == y.shape and p.dtype == y.dtype
+                                           for p, y in zip(products, ys, strict=True)):
+        return None
+    return list(_DualOfMap.apply(transposed, len(ys), *ys, *xs))  # type: ignore[no-untyped-call]
 
 
 # ---------------------------------------------------------------- the decorator's J·v, in reverse mode alone

@@ -101,7 +101,7 @@ def all_finite(*tensors: torch.Tensor) -> bool:
     return all(math.isfinite(t.detach().sum().item()) or bool(torch.isfinite(t.detach()).all()) for t in tensors)
 
 
-def _eagerly_finite(t: torch.Tensor) -> bool:
+def eagerly_finite(t: torch.Tensor) -> bool:
     """Whether t is a plain real tensor of finite elements in a call that runs eagerly, under torch.func
     transforms or none (``plainly_eager`` but for the transforms, which run each op as it comes and record no
     branch): there a select that keeps +0.0 for non-finite elements is the identity on values and derivatives,
@@ -109,9 +109,15 @@ def _eagerly_finite(t: torch.Tensor) -> bool:
     vmap, every sample's)."""
     if not (type(t) is torch.Tensor and t.dtype.is_floating_point and t.layout == torch.strided) or _recorded():
         return False
+    t = unwrapped(t)
+    return t.layout == torch.strided and all_finite(t)
+
+
+def unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """The tensor torch.func's wrappers of t hold (under vmap, every sample's), or t."""
     while is_functorch_wrapped_tensor(t):
         t = get_unwrapped(t)
-    return t.layout == torch.strided and all_finite(t)
+    return t
 
 
 def zero_with_slope(x: torch.Tensor, slope_is_negative: bool) -> torch.Tensor:
@@ -119,7 +125,7 @@ def zero_with_slope(x: torch.Tensor, slope_is_negative: bool) -> torch.Tensor:
     (x − stop(x) alone is NaN there). c is ``carried_zero``, left out where x is plainly eagerly finite."""
     still = stop(x)
     zero = still - x if slope_is_negative else x - still
-    if _eagerly_finite(still):  # +0.0 everywhere already: the carrier would change no bit of it or its derivatives
+    if eagerly_finite(still):  # +0.0 everywhere already: the carrier would change no bit of it or its derivatives
         return zero
     return carried_zero(zero)
 
@@ -199,7 +205,7 @@ def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor], linked: 
     ``eager_fast_path.dual_of_map`` reproduces its +0.0 tangent.
     """
     still = stop(p)
-    zero = p - still if _eagerly_finite(still) else carried_zero(p - still)
+    zero = p - still if eagerly_finite(still) else carried_zero(p - still)
     if not linked:
         return zero
     total = sum((z.real.sum() for z in zeros), torch.zeros((), dtype=zero.real.dtype, device=zero.device))
