@@ -322,6 +322,16 @@ def _dual_of_the_map_alone(original):
     return dual_of_map
 
 
+def _transform_dual_of_the_map_alone(original):
+    """The PyTorch decorator's forward fast path under torch.func.jvp with J·ẋ for its tangent, without the
+    ordinary ops' −1·(· + 0): right up to the sign of a zero."""
+    class DualOfMap(original):
+        @staticmethod
+        def jvp(ctx, _transposed, _count, *tangents):
+            return tuple(ctx.transposed(*tangents[ctx.count:]))
+    return DualOfMap
+
+
 def _every_graph_maps_tangents(original):
     """The PyTorch decorator's forward fast path taken for any proven J·v, whatever its ops."""
     return lambda graph, live: True
@@ -817,6 +827,9 @@ MUTANTS = {
     "the PyTorch decorator's forward fast path gives J·ẋ alone": Mutant(
         "stopgrad_math.torch.eager_fast_path", "dual_of_map", _dual_of_the_map_alone,
         (f"{_FAST}::test_the_decorators_forward_mode_is_its_ordinary_ops_bit_for_bit_over_the_grid",)),
+    "the PyTorch decorator's forward fast path under torch.func.jvp gives J·ẋ alone": Mutant(
+        "stopgrad_math.torch.eager_fast_path", "_DualOfMap", _transform_dual_of_the_map_alone,
+        (f"{_FAST}::test_under_forward_transforms_the_decorators_fast_path_is_its_ordinary_ops_bit_for_bit",)),
     "the PyTorch decorator's forward fast path takes any graph for one applied to tangents": Mutant(
         "stopgrad_math.torch.eager_fast_path", "maps_tangents", _every_graph_maps_tangents,
         (f"{_FAST}::test_maps_tangents_reads_each_ops_row_and_where_it_is_live",)),

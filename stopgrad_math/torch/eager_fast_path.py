@@ -1,6 +1,7 @@
 """Fast paths for plain eager calls, each giving the ordinary ops' results bit for bit where it is taken: the identity
 form's, one ``autograd.Function`` whose backward and jvp are the ordinary-op identity's derivative, op for op, where
-every element of x and gx is finite; and the decorator's in forward mode alone (``dual_of_map``, below).
+every element of x and gx is finite; and the decorator's in forward mode alone (``dual_of_map``, below), eagerly
+and under torch.func's jvp.
 
 Eagerly each of the identity's ops is a pass over memory and a node of the tape, about fifteen of them. Where x
 and g are finite, the identity's derivative (``identity.zero_term``, differentiated by PyTorch) comes to
