@@ -581,8 +581,12 @@ def _decorated_cases(dtype):
     def two(x, u):
         return (x * u, x - u), lambda cts: (cts[0] * u + cts[1], cts[0] * x - cts[1])
 
+    @sgm.custom_gradient
+    def scaled(x):
+        return x * 2.5, lambda ct: ct * 2.5
+
     return {"activation": (activation, 1), "mixed": (mixed, 1), "rows": (rows, 1), "matrix": (matrix, 1),
-            "two": (two, 2)}
+            "two": (two, 2), "scaled": (scaled, 1)}
 
 
 def _spied(monkeypatch, path="dual_of_map"):
@@ -646,13 +650,13 @@ _FORWARD_TRANSFORMS = {
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", ["activation", "mixed", "rows", "matrix", "two"])
+@pytest.mark.parametrize("case", ["activation", "mixed", "rows", "matrix", "two", "scaled"])
 @pytest.mark.parametrize("transform", list(_FORWARD_TRANSFORMS))
 def test_under_forward_transforms_the_decorators_fast_path_is_its_ordinary_ops_bit_for_bit(transform, case, dtype,
                                                                                           monkeypatch):
     """Issue 56: under torch.func.jvp (and vmap of it, as jacfwd runs it) the fast path is a Function whose jvp
     gives the ordinary ops' tangent; x finite, tangents anything: its values and tangents against the ordinary
-    ops' (the path refused), bit for bit."""
+    ops' (the path refused), bit for bit. (activation and scaled: J·v is v times a tensor or a number.)"""
     fn, count = _decorated_cases(dtype)[case]
     x, tangent = (t.reshape(-1, 3).contiguous()
                   for t in torch.meshgrid(corners(dtype, True), corners(dtype, False), indexing="ij"))

@@ -1101,7 +1101,9 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
     if order == 1 and not identity.compiling() and isinstance(transposed, _Transpose) \
             and transposed.maps_tangents:
         ys = [outputs.values[k] for k in outputs.differentiable]
-        duals = eager_fast_path.dual_of_map(ys, xs, transposed)
+        factor = transposed.factor
+        duals = eager_fast_path.dual_of_map(ys, xs, transposed, None if factor is None else (
+            lambda x: factor.forward(x, *transposed.constants)))
         if duals is not None:
             return outputs.with_values(dict(zip(outputs.differentiable, duals, strict=True)))
     zeros = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]

@@ -25,6 +25,7 @@ recomputes the identity's ops from the saved x and differentiates those.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -200,13 +201,15 @@ def _stands_alone(y: torch.Tensor) -> bool:
 
 
 def dual_of_map(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
-                transposed: Callable[..., list[torch.Tensor]]) -> list[torch.Tensor] | None:
+                transposed: Callable[..., list[torch.Tensor]],
+                factor: Callable[[torch.Tensor], torch.Tensor | float] | None = None) -> list[torch.Tensor] | None:
     """The decorator's outputs ``ys`` with the derivative J w.r.t. ``xs`` in forward mode alone (``transposed``:
     J·v, a graph for which ``maps_tangents`` holds), as its ordinary ops give them; None where they must run.
     Eagerly y is made dual here; under ``torch.func.jvp`` (``jacfwd``, ``vmap`` of it) a Function gives the same
-    tangent (``_in_forward_transforms``)."""
+    tangent (``_in_forward_transforms``; ``factor``: where J·v is v times one tensor or number of x's, it of x,
+    ``product_factor``)."""
     if retrieve_all_functorch_interpreters():  # (a jvp transform's own forward-mode level is 0)
-        return _in_forward_transforms(ys, xs, transposed) if forward_ad._current_level == 0 else None
+        return _in_forward_transforms(ys, xs, transposed, factor) if forward_ad._current_level == 0 else None
     if forward_ad._current_level != 0 or not identity.plainly_eager():  # first: a reverse-mode call pays one read
         return None
     if not (all(_plain(x, x) and x.dtype in _DTYPES and _forward_mode_alone(x) for x in xs)
@@ -256,6 +259,16 @@ class _DualOfMap(torch.autograd.Function):
                      for t, p in zip(y_tangents, products, strict=True))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Times:
+    """J·v = v·c for one v (the one ``mul`` of a ``product_factor`` graph; with c finite, in either order)."""
+
+    c: torch.Tensor | float
+
+    def __call__(self, v: torch.Tensor) -> list[torch.Tensor]:
+        return [torch.mul(v, self.c)]
+
+
 def _forward_transforms_alone() -> bool:
     """One torch.func jvp transform, with vmaps around or inside it, and no grad or vjp transform."""
     kinds = [interpreter.key() for interpreter in retrieve_all_functorch_interpreters()]
@@ -263,10 +276,12 @@ def _forward_transforms_alone() -> bool:
 
 
 def _in_forward_transforms(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
-                           transposed: Callable[..., list[torch.Tensor]]) -> list[torch.Tensor] | None:
+                           transposed: Callable[..., list[torch.Tensor]],
+                           factor: Callable[[torch.Tensor], torch.Tensor | float] | None) -> list[torch.Tensor] | None:
     """``dual_of_map`` under torch.func's forward-mode transforms alone: where x and J·v at v = +0.0 are finite
     (asked of the values the transforms' wrappers hold), the ``_DualOfMap`` of ys; None where the ordinary ops
-    must run."""
+    must run. Where J·v is v·c, c a finite number or a tensor of x's shape and dtype, c is computed once, and J·v
+    at +0.0 is finite exactly where c is (0·inf and 0·NaN are NaN)."""
     if not _forward_transforms_alone():
         return None
     if not all(type(t) is torch.Tensor and t.dtype in _DTYPES and not identity.unwrapped(t).requires_grad
@@ -275,6 +290,11 @@ def _in_forward_transforms(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor
     if not all(identity.eagerly_finite(x) and forward_ad.unpack_dual(x).tangent is not None  # type: ignore[no-untyped-call]
                for x in xs):  # (an x with no tangent, an argument jacfwd does not differentiate: the ordinary ops)
         return None
+    if factor is not None and len(xs) == len(ys) == 1 and _plain(ys[0], xs[0]):
+        c = factor(xs[0])
+        if (isinstance(c, float) and math.isfinite(c)) or (
+                isinstance(c, torch.Tensor) and _plain(c, xs[0]) and identity.eagerly_finite(c)):
+            return list(_DualOfMap.apply(_Times(c), 1, *ys, *xs))  # type: ignore[no-untyped-call]
     products = transposed(*[torch.zeros_like(x) for x in xs])  # J·v at v = +0.0
     if len(products) != len(ys) or not all(identity.eagerly_finite(p) and p.shape == y.shape and p.dtype == y.dtype
                                            for p, y in zip(products, ys, strict=True)):
