@@ -278,17 +278,18 @@ def _forward_transforms_alone() -> bool:
 def _in_forward_transforms(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
                            transposed: Callable[..., list[torch.Tensor]],
                            factor: Callable[[torch.Tensor], torch.Tensor | float] | None) -> list[torch.Tensor] | None:
-    """``dual_of_map`` under torch.func's forward-mode transforms alone: where x and J·v at v = +0.0 are finite
-    (asked of the values the transforms' wrappers hold), the ``_DualOfMap`` of ys; None where the ordinary ops
-    must run. Where J·v is v·c, c a finite number or a tensor of x's shape and dtype, c is computed once, and J·v
-    at +0.0 is finite exactly where c is (0·inf and 0·NaN are NaN)."""
+    """``dual_of_map`` under torch.func's forward-mode transforms alone: where J·v at v = +0.0 is finite (asked of
+    the values the transforms' wrappers hold), the ``_DualOfMap`` of ys; None where the ordinary ops must run.
+    Where J·v is v·c, c a finite number or a tensor of x's shape and dtype, c is computed once, and J·v at +0.0 is
+    finite exactly where c is (0·inf and 0·NaN are NaN)."""
     if not _forward_transforms_alone():
         return None
     if not all(type(t) is torch.Tensor and t.dtype in _DTYPES and not identity.unwrapped(t).requires_grad
                for t in (*xs, *ys)):
         return None
-    if not all(identity.eagerly_finite(x) and forward_ad.unpack_dual(x).tangent is not None  # type: ignore[no-untyped-call]
-               for x in xs):  # (an x with no tangent, an argument jacfwd does not differentiate: the ordinary ops)
+    # (an x with no tangent, an argument jacfwd does not differentiate: the ordinary ops. x need not be finite:
+    # where it is not, their carrier passes its tangent as the plain ops do, and v is +0.0 either way)
+    if not all(forward_ad.unpack_dual(x).tangent is not None for x in xs):  # type: ignore[no-untyped-call]
         return None
     if factor is not None and len(xs) == len(ys) == 1 and _plain(ys[0], xs[0]):
         c = factor(xs[0])
