@@ -596,8 +596,8 @@ def _spied(monkeypatch, path="dual_of_map"):
 
     taken, real = [], getattr(eager_fast_path, path)
 
-    def spy(*args):
-        result = real(*args)
+    def spy(*args, **kwargs):
+        result = real(*args, **kwargs)
         taken.append(result is not None)
         return result
 
@@ -609,7 +609,7 @@ def _refused(monkeypatch, path="dual_of_map"):
     """The decorator's fast path ``path`` never taken: the ordinary ops run."""
     from stopgrad_math.torch import eager_fast_path
 
-    monkeypatch.setattr(eager_fast_path, path, lambda *args: None)
+    monkeypatch.setattr(eager_fast_path, path, lambda *args, **kwargs: None)
 
 
 def _primals_and_tangents(fn, xs, tangents):
@@ -656,14 +656,18 @@ _X_GRIDS = [(kind, dtype) for kind in ("finite", "±inf", "±inf and NaN") for d
 @pytest.mark.parametrize("x_grid, dtype", _X_GRIDS, ids=str)
 @pytest.mark.parametrize("case", ["activation", "mixed", "rows", "matrix", "two", "scaled"])
 @pytest.mark.parametrize("transform", list(_FORWARD_TRANSFORMS))
-def test_under_forward_transforms_the_decorators_fast_path_is_its_ordinary_ops_bit_for_bit(transform, case, x_grid,
-                                                                                          dtype, monkeypatch):
+@pytest.mark.parametrize("order", [1, 2])
+def test_under_forward_transforms_the_decorators_fast_path_is_its_ordinary_ops_bit_for_bit(order, transform, case,
+                                                                                          x_grid, dtype,
+                                                                                          monkeypatch):
     """Issue 56: under torch.func.jvp (and vmap of it, as jacfwd runs it) the fast path is a Function whose jvp
     gives the ordinary ops' tangent: its values and tangents against the ordinary ops' (the path refused), bit for
-    bit, x finite and tangents anything, or x with ±inf (and NaN) and finite tangents. It is taken wherever J·v at
-    +0.0 is finite, whatever x is: the ordinary ops' carrier at a non-finite x passes the tangent as the plain
-    ops do. (activation and scaled: J·v is v times a tensor or a number; two's J reads x, infinite at an inf.)"""
+    bit, x finite and tangents anything, or x with ±inf (and NaN) and finite tangents. At order 1 it is taken
+    wherever J·v at +0.0 is finite, whatever x is: the ordinary ops' carrier at a non-finite x passes the tangent
+    as the plain ops do (two's J reads x, infinite at an inf); at order 2 everywhere, as mapped_zero's jvp applies
+    J·v's graph itself to the tangents. (activation and scaled: J·v is v times a tensor or a number.)"""
     fn, count = _decorated_cases(dtype)[case]
+    fn = fn if order == 1 else sgm.custom_gradient(order=2)(fn.undecorated)
     values = corners(dtype, x_grid == "finite")
     values = values[~values.isnan()] if x_grid == "±inf" else values
     x, tangent = (t.reshape(-1, 3).contiguous()
@@ -675,7 +679,7 @@ def test_under_forward_transforms_the_decorators_fast_path_is_its_ordinary_ops_b
     taken = _spied(monkeypatch)
     run = _FORWARD_TRANSFORMS[transform]
     fast = run(fn, xs, tangents)
-    if x_grid == "finite" or (x_grid == "±inf" and case != "two"):
+    if order == 2 or x_grid == "finite" or (x_grid == "±inf" and case != "two"):
         assert taken and all(taken)
     _refused(monkeypatch)
     for got, want in zip(pytree_leaves(fast), pytree_leaves(run(fn, xs, tangents)), strict=True):
@@ -759,7 +763,7 @@ def test_the_decorators_forward_fast_path_is_taken_only_where_it_is_the_ordinary
     got, fast = tangent_of(running)
     assert fast is None and got.tolist() == [1.0, 2.0, 3.0]
     got, fast = tangent_of(scaled_2)
-    assert fast is None and got.tolist() == [2.0, 2.0, 2.0]
+    assert not fast and got.tolist() == [2.0, 2.0, 2.0]  # (order 2 eagerly: its ordinary ops)
     taken.clear()
     assert torch.func.jvp(scaled, (x,), (ones,))[1].tolist() == [2.0, 2.0, 2.0] and taken == [True]  # (its
     # Function under the transform: ``test_under_forward_transforms_...``)

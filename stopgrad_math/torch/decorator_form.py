@@ -993,12 +993,14 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     embedded), or at x (order 2, eagerly and under torch.func), watched where reverse mode may differentiate it
     (``unrecorded``: a watch of what f computed without grad mode; else None). At order 2 f runs once where the
     watch saw it read nothing else that requires grad (y detached is then y at stop(x)), else again at stop(x),
-    replaying the first call's draws. Compiled, the VJP at stop(x): the proof's graphs compute J from the
-    arguments (``_Registered``)."""
+    replaying the first call's draws. Compiled, and at order 2 under a jvp transform alone, the VJP at stop(x)
+    as at order 1."""
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
-    if order == 1:
-        return (*call_f(f, leaves.with_values(stopped), kwargs), None)
-    if identity.compiling():  # the proof's graphs compute J from the arguments (``_Registered``)
+    # Compiled, the proof's graphs compute J from the arguments (``_Registered``). Under a jvp transform alone
+    # (``eager_fast_path.forward_transforms_alone``: nothing requiring grad) no second derivative can be taken,
+    # and the VJP at stop(x) closes over what it closes over at x, in value (``mapped_zero`` gives that no
+    # derivative itself).
+    if order == 1 or identity.compiling() or eager_fast_path.forward_transforms_alone(leaves.tensors()):
         return (*call_f(f, leaves.with_values(stopped), kwargs), None)
     moving = [leaves.values[k] for k in leaves.differentiable]
     reverse = any(x.requires_grad for x in moving)  # (the watch's lost tensors matter to reverse mode alone)
@@ -1080,6 +1082,9 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
     pullback of torch.func.vjp of ``linear``); ``alone``: compiled, the map is embedded without its transpose, which
     cannot be formed (``_REVERSE_ONLY``), in order 2's carrier."""
     if (order == 2 or alone) and isinstance(linear, (_Registered, linear_ops.LinearMap)):  # (compiled: _Registered)
+        dual = None if alone or isinstance(linear, _Registered) else _dual(outputs, xs, transposed, order)
+        if dual is not None:
+            return dual
         vs = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
         if isinstance(linear, _Registered):
             zeros = list(_run_mapped_zero(linear.key, len(vs), *vs, *linear.given))
@@ -1097,15 +1102,9 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
         terms = [identity.zero_term(Layout.SCALAR, value, x, g if order == 2 else identity.stop(g))
                  for x, g in zip(xs, gradients, strict=True)]
         return outputs.with_values({index: identity.attach(value, [t.reshape(value.shape) for t in terms])})
-    # J held constant (order 1), eagerly (Dynamo before torch 2.8 cannot ask isinstance of its own function)
-    if order == 1 and not identity.compiling() and isinstance(transposed, _Transpose) \
-            and transposed.maps_tangents:
-        ys = [outputs.values[k] for k in outputs.differentiable]
-        factor = transposed.factor
-        duals = eager_fast_path.dual_of_map(ys, xs, transposed, None if factor is None else (
-            lambda x: factor.forward(x, *transposed.constants)))
-        if duals is not None:
-            return outputs.with_values(dict(zip(outputs.differentiable, duals, strict=True)))
+    dual = _dual(outputs, xs, transposed, order)
+    if dual is not None:
+        return dual
     zeros = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
     try:
         products = transposed(*zeros) if transposed is not None else \
@@ -1125,6 +1124,20 @@ def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: in
     return outputs.with_values({
         k: identity.attach(outputs.values[k], [identity.zero_with_derivative_of(p, zeros, linked)])
         for k, p in zip(outputs.differentiable, products, strict=True)})
+
+
+def _dual(outputs: Leaves, xs: list[torch.Tensor], transposed: Linear | None, order: int) -> Any:
+    """y through the forward-mode fast path (``eager_fast_path.dual_of_map``), where a kept proof's J·v is at hand:
+    at order 1 where its graph maps tangents (eagerly, or under a jvp transform), at order 2 under a jvp transform;
+    None where the ordinary ops must run. (Not compiled: Dynamo before torch 2.8 cannot ask isinstance of its own
+    function.)"""
+    if identity.compiling() or not isinstance(transposed, _Transpose) or not (order == 2 or transposed.maps_tangents):
+        return None
+    ys = [outputs.values[k] for k in outputs.differentiable]
+    factor = transposed.factor
+    duals = eager_fast_path.dual_of_map(ys, xs, transposed, None if factor is None else (
+        lambda x: factor.forward(x, *transposed.constants)), linked=order == 1)
+    return None if duals is None else outputs.with_values(dict(zip(outputs.differentiable, duals, strict=True)))
 
 
 def differentiating(args: Sequence[Any]) -> bool:

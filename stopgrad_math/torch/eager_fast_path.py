@@ -202,14 +202,18 @@ def _stands_alone(y: torch.Tensor) -> bool:
 
 def dual_of_map(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
                 transposed: Callable[..., list[torch.Tensor]],
-                factor: Callable[[torch.Tensor], torch.Tensor | float] | None = None) -> list[torch.Tensor] | None:
+                factor: Callable[[torch.Tensor], torch.Tensor | float] | None = None,
+                linked: bool = True) -> list[torch.Tensor] | None:
     """The decorator's outputs ``ys`` with the derivative J w.r.t. ``xs`` in forward mode alone (``transposed``:
     J·v, a graph for which ``maps_tangents`` holds), as its ordinary ops give them; None where they must run.
     Eagerly y is made dual here; under ``torch.func.jvp`` (``jacfwd``, ``vmap`` of it) a Function gives the same
     tangent (``_in_forward_transforms``; ``factor``: where J·v is v times one tensor or number of x's, it of x,
-    ``product_factor``)."""
-    if retrieve_all_functorch_interpreters():  # (a jvp transform's own forward-mode level is 0)
-        return _in_forward_transforms(ys, xs, transposed, factor) if forward_ad._current_level == 0 else None
+    ``product_factor``). ``linked``: order 1's zero term (its +0.0 link); else order 2's, ``identity.mapped_zero``,
+    whose jvp applies ``transposed`` itself to the tangents, any graph, under a transform alone."""
+    if retrieve_all_functorch_interpreters():
+        return _in_forward_transforms(ys, xs, transposed, factor if linked else None, linked)
+    if not linked:
+        return None
     if forward_ad._current_level != 0 or not identity.plainly_eager():  # first: a reverse-mode call pays one read
         return None
     if not (all(_plain(x, x) and x.dtype in _DTYPES and _forward_mode_alone(x) for x in xs)
@@ -228,35 +232,37 @@ def dual_of_map(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
 
 
 class _DualOfMap(torch.autograd.Function):
-    """The decorator's outputs under torch.func's forward-mode transforms: each y − 0.0, with the tangent
-    −1·((J·(−1·ẋ)) + 0) that its ordinary ops give (``dual_of_map``), or ẏ − ((J·(−1·ẋ)) + 0) where y carries a
-    tangent of its own (f read another input of the transform). It serves forward mode alone: it is taken where
-    no reverse-mode transform or tensor requiring grad can differentiate it."""
+    """The decorator's outputs under torch.func's forward-mode transforms: each y − 0.0, with the tangent its
+    ordinary ops give (``dual_of_map``): −1·((J·(−1·ẋ)) + 0) at order 1 (``linked``: its zero term's +0.0 link), and
+    −1·(J·(−1·ẋ)) at order 2, or ẏ minus that sum or product where y carries a tangent of its own (f read another
+    input of the transform). It serves forward mode alone: it is taken where no reverse-mode transform or tensor
+    requiring grad can differentiate it."""
 
     generate_vmap_rule = True  # its forward is one op of its inputs; jacfwd and vmap batch it and its jvp
 
     @staticmethod
-    def forward(transposed: Any, count: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(transposed: Any, count: int, linked: bool, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(torch.sub(y, 0.0) for y in tensors[:count])
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.set_materialize_grads(False)  # (a y without a tangent gets None, not zeros: its own sign of zero)
-        ctx.transposed, ctx.count = inputs[0], inputs[1]
+        ctx.transposed, ctx.count, ctx.linked = inputs[0], inputs[1], inputs[2]
 
     @staticmethod
     def backward(ctx: Any, *cotangents: Any) -> Any:
         raise RuntimeError("stopgrad_math: the forward-mode fast path was differentiated in reverse mode")
 
     @staticmethod
-    def jvp(ctx: Any, _transposed: Any, _count: Any, *tangents: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    def jvp(ctx: Any, _transposed: Any, _count: Any, _linked: Any,
+            *tangents: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         y_tangents, x_tangents = tangents[:ctx.count], tangents[ctx.count:]
         moved = [t.mul(-1.0) for t in x_tangents if t is not None]
         if len(moved) != len(x_tangents):  # (never: ``_in_forward_transforms`` asks that each x has one)
             raise RuntimeError("stopgrad_math: an x of the forward-mode fast path has no tangent")
-        products = ctx.transposed(*moved)
-        return tuple(p.add(0.0).mul_(-1.0) if t is None else torch.sub(t, p.add(0.0))
-                     for t, p in zip(y_tangents, products, strict=True))
+        terms = [p.add(0.0) if ctx.linked else p for p in ctx.transposed(*moved)]
+        return tuple(term.mul(-1.0) if t is None else torch.sub(t, term)
+                     for t, term in zip(y_tangents, terms, strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,38 +275,43 @@ class _Times:
         return [torch.mul(v, self.c)]
 
 
-def _forward_transforms_alone() -> bool:
-    """One torch.func jvp transform, with vmaps around or inside it, and no grad or vjp transform."""
+def forward_transforms_alone(xs: Sequence[torch.Tensor] = ()) -> bool:
+    """One torch.func jvp transform, with vmaps around or inside it, no grad or vjp transform, and none of ``xs``
+    requiring grad (under the wrappers): what is computed now gets one derivative, in forward mode."""
+    if forward_ad._current_level != 0:  # (a jvp transform's own forward-mode level is 0; none: -1)
+        return False
     kinds = [interpreter.key() for interpreter in retrieve_all_functorch_interpreters()]
-    return kinds.count(TransformType.Jvp) == 1 and all(k in (TransformType.Jvp, TransformType.Vmap) for k in kinds)
+    return (kinds.count(TransformType.Jvp) == 1 and all(k in (TransformType.Jvp, TransformType.Vmap) for k in kinds)
+            and not any(identity.unwrapped(x).requires_grad for x in xs))
 
 
 def _in_forward_transforms(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
                            transposed: Callable[..., list[torch.Tensor]],
-                           factor: Callable[[torch.Tensor], torch.Tensor | float] | None) -> list[torch.Tensor] | None:
+                           factor: Callable[[torch.Tensor], torch.Tensor | float] | None,
+                           linked: bool) -> list[torch.Tensor] | None:
     """``dual_of_map`` under torch.func's forward-mode transforms alone: where J·v at v = +0.0 is finite (asked of
     the values the transforms' wrappers hold), the ``_DualOfMap`` of ys; None where the ordinary ops must run.
     Where J·v is v·c, c a finite number or a tensor of x's shape and dtype, c is computed once, and J·v at +0.0 is
     finite exactly where c is (0·inf and 0·NaN are NaN)."""
-    if not _forward_transforms_alone():
-        return None
-    if not all(type(t) is torch.Tensor and t.dtype in _DTYPES and not identity.unwrapped(t).requires_grad
-               for t in (*xs, *ys)):
+    if not (forward_transforms_alone((*xs, *ys)) and all(type(t) is torch.Tensor and t.dtype in _DTYPES
+                                                         for t in (*xs, *ys))):
         return None
     # (an x with no tangent, an argument jacfwd does not differentiate: the ordinary ops. x need not be finite:
     # where it is not, their carrier passes its tangent as the plain ops do, and v is +0.0 either way)
     if not all(forward_ad.unpack_dual(x).tangent is not None for x in xs):  # type: ignore[no-untyped-call]
         return None
+    if not linked:  # (order 2: the ordinary ops' jvp applies the same graph to the same tangents, at any values)
+        return list(_DualOfMap.apply(transposed, len(ys), False, *ys, *xs))  # type: ignore[no-untyped-call]
     if factor is not None and len(xs) == len(ys) == 1 and _plain(ys[0], xs[0]):
         c = factor(xs[0])
         if (isinstance(c, float) and math.isfinite(c)) or (
                 isinstance(c, torch.Tensor) and _plain(c, xs[0]) and identity.eagerly_finite(c)):
-            return list(_DualOfMap.apply(_Times(c), 1, *ys, *xs))  # type: ignore[no-untyped-call]
+            return list(_DualOfMap.apply(_Times(c), 1, True, *ys, *xs))  # type: ignore[no-untyped-call]
     products = transposed(*[torch.zeros_like(x) for x in xs])  # J·v at v = +0.0
     if len(products) != len(ys) or not all(identity.eagerly_finite(p) and p.shape == y.shape and p.dtype == y.dtype
                                            for p, y in zip(products, ys, strict=True)):
         return None
-    return list(_DualOfMap.apply(transposed, len(ys), *ys, *xs))  # type: ignore[no-untyped-call]
+    return list(_DualOfMap.apply(transposed, len(ys), True, *ys, *xs))  # type: ignore[no-untyped-call]
 
 
 # ---------------------------------------------------------------- the decorator's J·v, in reverse mode alone
