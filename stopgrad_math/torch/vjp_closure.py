@@ -159,7 +159,7 @@ _TENSORS = closure_key.Arrays(lambda value: isinstance(value, torch.Tensor), ten
 
 
 def _float_or_tensor_key(value: Any) -> Hashable:
-    return ("number", float) if type(value) is float else tensor_key(value)
+    return ("number", float) if type(value) is float else _TENSORS.key(value)  # (a tensor keyed as ``_TENSORS``)
 
 
 _TENSORS_AND_FLOATS = closure_key.Arrays(lambda value: type(value) is float or isinstance(value, torch.Tensor),
