@@ -355,11 +355,12 @@ def _known(cotangents: _Cotangents, vjp: Callable[[Any], Any],
         return [], lambda *cts: [], tensors, None
     floats = tuple((k, opened.arrays[k]) for k in proof.floats)
     constants = tensors if order == 2 else [identity.stop(t) for t in tensors]
+
     def put_back(graph: Any) -> Any:
         return _FloatsPutBack.around(graph, floats, len(tensors))
 
-    linear = linear_ops.LinearMap(put_back(vjp_map).forward, constants)  # (forward: a Module's call adds its
-    # hooks' checks)
+    # (forward: a Module's call adds its hooks' checks)
+    linear = linear_ops.LinearMap(put_back(vjp_map).forward, constants)
     return list(proof.kept), linear, tensors, _Transpose(put_back(transposed), constants, proof.maps_tangents,
                                                          put_back(proof.factor))
 
@@ -1131,7 +1132,8 @@ def _dual(outputs: Leaves, xs: list[torch.Tensor], transposed: Linear | None, or
     at order 1 where its graph maps tangents (eagerly, or under a jvp transform), at order 2 under a jvp transform;
     None where the ordinary ops must run. (Not compiled: Dynamo before torch 2.8 cannot ask isinstance of its own
     function.)"""
-    if identity.compiling() or not isinstance(transposed, _Transpose) or not (order == 2 or transposed.maps_tangents):
+    if identity.compiling() or not isinstance(transposed, _Transpose) or not (
+            transposed.maps_tangents if order == 1 else second_derivative_guard.in_transform()):
         return None
     ys = [outputs.values[k] for k in outputs.differentiable]
     factor = transposed.factor
