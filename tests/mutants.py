@@ -286,10 +286,10 @@ def _fast_path_simplified(original):
         @staticmethod
         def backward(ctx, cotangent):
             (g,) = ctx.saved_tensors
-            return None, None, cotangent * g
+            return None, None, cotangent * g, None
 
         @staticmethod
-        def jvp(ctx, fx_tangent, g_tangent, x_tangent):
+        def jvp(ctx, fx_tangent, g_tangent, x_tangent, alone):
             (g,) = ctx.saved_tensors
             return x_tangent * g
     return Simplified
@@ -304,7 +304,7 @@ def _fast_path_differentiates_its_formula(original):
         @staticmethod
         def backward(ctx, cotangent):
             (g,) = ctx.saved_tensors
-            return None, None, torch.mul(cotangent.neg(), g).add(torch.sign(g).mul(0.0)).neg()
+            return None, None, torch.mul(cotangent.neg(), g).add(torch.sign(g).mul(0.0)).neg(), None
     return Reduced
 
 
@@ -330,6 +330,12 @@ def _transform_dual_of_the_map_alone(original):
         def jvp(ctx, _transposed, _count, *tangents):
             return tuple(ctx.transposed(*tangents[ctx.count:]))
     return DualOfMap
+
+
+def _alone_under_any_transforms(original):
+    """The PyTorch identity's Function taken under any torch.func transforms, nested derivatives included, where
+    its backward's formula would be differentiated in place of the identity's ops."""
+    return lambda x, others: True
 
 
 def _every_graph_maps_tangents(original):
@@ -820,7 +826,8 @@ MUTANTS = {
     "the PyTorch identity's fast path simplifies its derivative to c·g": Mutant(
         "stopgrad_math.torch.eager_fast_path", "_FiniteIdentity", _fast_path_simplified,
         (f"{_FAST}::test_reverse_mode_is_the_identitys_bit_for_bit_over_the_grid[torch.float32]",
-         f"{_FAST}::test_forward_mode_is_the_identitys_bit_for_bit_over_the_grid[torch.float32]")),
+         f"{_FAST}::test_forward_mode_is_the_identitys_bit_for_bit_over_the_grid[torch.float32]",
+         f"{_FAST}::test_under_transforms_alone_the_identitys_function_is_its_ordinary_ops_bit_for_bit")),
     "the PyTorch identity's fast path differentiates its own formula under create_graph": Mutant(
         "stopgrad_math.torch.eager_fast_path", "_FiniteIdentity", _fast_path_differentiates_its_formula,
         (f"{_FAST}::test_create_graph_differentiates_the_identitys_ops",)),
@@ -830,6 +837,9 @@ MUTANTS = {
     "the PyTorch decorator's forward fast path under torch.func.jvp gives J·ẋ alone": Mutant(
         "stopgrad_math.torch.eager_fast_path", "_DualOfMap", _transform_dual_of_the_map_alone,
         (f"{_FAST}::test_under_forward_transforms_the_decorators_fast_path_is_its_ordinary_ops_bit_for_bit",)),
+    "the PyTorch identity's Function is taken under nested torch.func transforms": Mutant(
+        "stopgrad_math.torch.eager_fast_path", "_alone", _alone_under_any_transforms,
+        (f"{_FAST}::test_under_transforms_the_identitys_function_is_taken_only_where_one_derivative_is_taken_alone",)),
     "the PyTorch decorator's forward fast path takes any graph for one applied to tangents": Mutant(
         "stopgrad_math.torch.eager_fast_path", "maps_tangents", _every_graph_maps_tangents,
         (f"{_FAST}::test_maps_tangents_reads_each_ops_row_and_where_it_is_live",)),

@@ -212,10 +212,9 @@ def test_threads_each_get_the_identitys_gradient():
     assert not failures
 
 
-@pytest.mark.parametrize("mode", ["func.grad", "func.jvp", "compile"])
-def test_transforms_and_compilation_run_the_ordinary_ops(mode, monkeypatch):
-    """Inside torch.func and torch.compile the eager path's Function is never applied (its backward and jvp are
-    ours only in plain eager calls, for finite values; compiled, the compiled path's Function serves, below)."""
+def test_compilation_runs_the_ordinary_ops_and_not_the_eager_function(monkeypatch):
+    """Inside torch.compile the eager path's Function is never applied (the compiled path's Function serves,
+    below)."""
     from stopgrad_math.torch import eager_fast_path
 
     def refuse(*args):
@@ -224,17 +223,98 @@ def test_transforms_and_compilation_run_the_ordinary_ops(mode, monkeypatch):
     monkeypatch.setattr(eager_fast_path._FiniteIdentity, "apply", refuse)
     f = lambda x: sgm.custom_gradient(torch.logaddexp(x, torch.zeros(())), torch.sigmoid(x), x)  # noqa: E731
     x = torch.tensor([0.0, 100.0])
-    if mode == "func.grad":
-        got = torch.func.grad(lambda x: f(x).sum())(x)
-    elif mode == "func.jvp":
-        got = torch.func.jvp(f, (x,), (torch.ones(2),))[1]
-    else:
-        torch._dynamo.reset()
-        leaf = x.clone().requires_grad_(True)
-        torch.compile(f, fullgraph=True)(leaf).sum().backward()
-        got = leaf.grad
-    torch.testing.assert_close(got, torch.sigmoid(x))
+    torch._dynamo.reset()
+    leaf = x.clone().requires_grad_(True)
+    torch.compile(f, fullgraph=True)(leaf).sum().backward()
+    torch.testing.assert_close(leaf.grad, torch.sigmoid(x))
 
+
+def _identity_spied(monkeypatch):
+    """Records whether each call of the identity's fast path gave its result; every size takes it in reverse mode
+    under a transform (where x of fewer than ``_REVERSE_TRANSFORM_SIZE`` elements takes the ordinary ops, the
+    cheaper there)."""
+    from stopgrad_math.torch import eager_fast_path
+
+    monkeypatch.setattr(eager_fast_path, "_REVERSE_TRANSFORM_SIZE", 0)
+    return _spied(monkeypatch, "finite_identity")
+
+
+def _vjp_of(fn, x, c):
+    out, pull = torch.func.vjp(fn, x)
+    return out, pull(c)[0]
+
+
+_IDENTITY_TRANSFORMS = {
+    "func.vjp": _vjp_of,
+    "func.jvp": lambda fn, x, t: torch.func.jvp(fn, (x,), (t,)),
+    "jacrev": lambda fn, x, _: torch.func.jacrev(fn)(x[:64]),  # (its backward under vmap, g unbatched)
+    "jacfwd": lambda fn, x, _: torch.func.jacfwd(fn)(x[:64]),
+}
+
+
+def _identity_under(transform, fx, g, x, c):
+    """``transform`` of x ↦ custom_gradient(fx, g, x) at x, with the cotangent or tangent c; ``vmap(…)``: over rows
+    of fx, g, x and c, each row's own."""
+    inner = transform.removeprefix("vmap(").removesuffix(")")
+
+    def one(fx, g, x, c):
+        return _IDENTITY_TRANSFORMS[inner](lambda x: sgm.custom_gradient(fx[:x.numel()], g[:x.numel()], x), x, c)
+
+    if transform.startswith("vmap"):
+        return torch.func.vmap(one)(*(t.reshape(-1, 16) for t in (fx, g, x, c)))
+    return one(fx, g, x, c)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("transform", [*_IDENTITY_TRANSFORMS, "vmap(func.vjp)", "vmap(func.jvp)"])
+def test_under_transforms_alone_the_identitys_function_is_its_ordinary_ops_bit_for_bit(transform, dtype,
+                                                                                       monkeypatch):
+    """Issue 56: under one grad, vjp or jvp transform (vmaps around or inside it) the identity takes its Function,
+    whose backward or jvp is then the whole derivative: values and derivatives against the ordinary ops under
+    the same transform (the path refused), bit for bit, x and g finite, cotangents and tangents anything."""
+    x, g, c = grid(dtype)
+    fx = torch.linspace(-3, 3, x.numel(), dtype=dtype)
+    taken = _identity_spied(monkeypatch)
+    fast = _identity_under(transform, fx, g, x, c)
+    assert taken and all(taken)
+    _refused(monkeypatch, "finite_identity")
+    monkeypatch.setattr(identity, "eagerly_finite", lambda t: False)  # every select of the definition kept
+    for got, want in zip(pytree_leaves(fast), pytree_leaves(_identity_under(transform, fx, g, x, c)), strict=True):
+        same_bits(got, want)
+
+
+def test_under_transforms_the_identitys_function_is_taken_only_where_one_derivative_is_taken_alone(monkeypatch):
+    """Refused under two derivatives (grad of grad, forward over reverse, a leaf requiring grad under the
+    wrappers), for an x without a tangent, a non-finite x, and in reverse mode for x under the size where the
+    ordinary ops are the cheaper; each call gets the analytic derivative: σ(x), 0 for the second."""
+    from stopgrad_math.torch import eager_fast_path
+
+    taken = _spied(monkeypatch, "finite_identity")
+    f = lambda x: sgm.custom_gradient(torch.logaddexp(x, torch.zeros(())), torch.sigmoid(x), x)  # noqa: E731
+    total = lambda x: f(x).sum()  # noqa: E731
+    large = torch.linspace(-30.0, 30.0, eager_fast_path._REVERSE_TRANSFORM_SIZE)
+    small = large[::1024].contiguous()
+
+    def route(derivative, want):
+        taken.clear()
+        torch.testing.assert_close(derivative(), want)
+        return taken
+
+    assert route(lambda: torch.func.grad(total)(large), torch.sigmoid(large)) == [True]
+    assert route(lambda: torch.func.grad(total)(small), torch.sigmoid(small)) == [False]
+    assert route(lambda: torch.func.jvp(f, (small,), (torch.ones_like(small),))[1], torch.sigmoid(small)) == [True]
+    assert route(lambda: torch.func.jacfwd(f)(small[:8]), torch.diag(torch.sigmoid(small[:8]))) == [True]
+    assert route(lambda: torch.func.grad(torch.func.grad(total))(torch.tensor(0.5)), torch.tensor(0.0)) == [False]
+    assert route(lambda: torch.func.hessian(total)(small[:8]), torch.zeros(8, 8)) == [False]
+    assert route(lambda: torch.func.jvp(torch.func.grad(total), (small,), (torch.ones_like(small),))[1],
+                 torch.zeros_like(small)) == [False]
+    leaf = large.clone().requires_grad_(True)
+    assert route(lambda: torch.func.grad(total)(leaf).detach(), torch.sigmoid(large)) == [False]
+    with_inf = large.clone()
+    with_inf[3] = math.inf
+    assert route(lambda: torch.func.grad(total)(with_inf), torch.sigmoid(with_inf)) == [False]
+    other = lambda x, y: sgm.custom_gradient(x * 2.0, torch.sigmoid(y), y)  # noqa: E731  # (no tangent for y)
+    assert route(lambda: torch.func.jacfwd(other, argnums=0)(small[:8], small[:8]), torch.zeros(8, 8)) == [False]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)

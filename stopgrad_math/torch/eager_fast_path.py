@@ -1,7 +1,7 @@
-"""Fast paths for plain eager calls, each giving the ordinary ops' results bit for bit where it is taken: the identity
+"""Fast paths for eager calls, each giving the ordinary ops' results bit for bit where it is taken: the identity
 form's, one ``autograd.Function`` whose backward and jvp are the ordinary-op identity's derivative, op for op, where
-every element of x and gx is finite; and the decorator's in forward mode alone (``dual_of_map``, below), eagerly
-and under torch.func's jvp.
+every element of x and gx is finite, plainly eager or under one torch.func derivative; and the decorator's in
+forward mode alone (``dual_of_map``, below), eagerly and under torch.func's jvp.
 
 Eagerly each of the identity's ops is a pass over memory and a node of the tape, about fifteen of them. Where x
 and g are finite, the identity's derivative (``identity.zero_term``, differentiated by PyTorch) comes to
@@ -17,7 +17,8 @@ The fast path is taken only where the two are known to agree (``tests/test_torch
 bit for bit over a grid of ±0, subnormal, huge, ±inf and NaN cotangents and tangents, and in every mode): one
 leaf of x, elementwise, with fx, gx and x of one shape and one dtype (float16, 32 or 64), plain tensors, in reverse
 mode or in forward mode but not both, and plainly eager (``identity.plainly_eager``: no torch.func transform,
-compilation, trace, dispatch or torch function mode).
+compilation, trace, dispatch or torch function mode), or under torch.func transforms that take one derivative of
+the call and nothing can differentiate further (``_alone``), where its backward never records a graph.
 Everything else is the ordinary ops: a non-finite element of x or gx, broadcasting, several leaves, complex
 values, ``fx_gx_manually_stopped``. A backward with ``create_graph=True`` differentiates its own result, so it
 recomputes the identity's ops from the saved x and differentiates those.
@@ -46,31 +47,39 @@ def _ordinary(fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tenso
 
 
 class _FiniteIdentity(torch.autograd.Function):
-    """fx with derivative g w.r.t. x, for finite x and g (fx and g stopped); see the module docstring."""
+    """fx with derivative g w.r.t. x, for finite x and g (fx and g stopped); see the module docstring. ``alone``:
+    called under torch.func transforms where its backward's result is differentiated by nothing (``_alone``)."""
+
+    generate_vmap_rule = True  # its forward is one op of fx: vmap batches it, and its backward's and jvp's ops
 
     @staticmethod
-    def forward(ctx: Any, fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(g)
-        ctx.save_for_forward(g)
-        ctx.fx, ctx.x = fx, x  # for create_graph alone, unpacked without save_for_backward's version check,
-        # as the ordinary ops keep no reference to x that a later in-place change of x would invalidate
+    def forward(fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor, alone: bool) -> torch.Tensor:
         return torch.sub(fx, 0.0)
 
     @staticmethod
-    def backward(ctx: Any, cotangent: torch.Tensor | None) -> tuple[None, None, torch.Tensor | None]:
-        (g,) = ctx.saved_tensors
-        if cotangent is None:
-            return None, None, None
-        if torch.is_grad_enabled():  # create_graph: the ordinary ops, differentiable as the identity's are
-            x = ctx.x
-            (grad,) = torch.autograd.grad(_ordinary(ctx.fx, g, x), x, cotangent, create_graph=True)
-            return None, None, grad
-        sign_zero = torch.sign(g).mul_(0.0)
-        return None, None, torch.mul(cotangent.neg(), g).add_(sign_zero).neg_()
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        fx, g, x, alone = inputs
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(g)
+        ctx.save_for_forward(g)
+        ctx.alone = alone
+        ctx.fx, ctx.x = fx, x  # for create_graph alone, unpacked without save_for_backward's version check,
+        # as the ordinary ops keep no reference to x that a later in-place change of x would invalidate
 
     @staticmethod
-    def jvp(ctx: Any, fx_tangent: Any, g_tangent: Any, x_tangent: torch.Tensor | None) -> torch.Tensor:
+    def backward(ctx: Any, cotangent: torch.Tensor | None) -> tuple[None, None, torch.Tensor | None, None]:
+        (g,) = ctx.saved_tensors
+        if cotangent is None:
+            return None, None, None, None
+        if torch.is_grad_enabled() and not ctx.alone:  # create_graph: the ordinary ops, differentiable as the
+            x = ctx.x  # identity's are (a torch.func grad asks create_graph too, but nothing differentiates it)
+            (grad,) = torch.autograd.grad(_ordinary(ctx.fx, g, x), x, cotangent, create_graph=True)
+            return None, None, grad, None
+        sign_zero = torch.sign(g).mul_(0.0)
+        return None, None, torch.mul(cotangent.neg(), g).add_(sign_zero).neg_(), None
+
+    @staticmethod
+    def jvp(ctx: Any, fx_tangent: Any, g_tangent: Any, x_tangent: torch.Tensor | None, _alone: Any) -> torch.Tensor:
         del fx_tangent, g_tangent  # fx and g are stopped: they carry none
         (g,) = ctx.saved_tensors
         if x_tangent is None:
@@ -117,10 +126,38 @@ def finite_identity(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Ten
     if plain is None:
         return None
     g, x = plain
-    if not (identity.plainly_eager() and _one_mode(x) and identity.all_finite(x, g)):
+    alone = bool(retrieve_all_functorch_interpreters())
+    if alone:
+        if not (_alone(x, (fx, g)) and identity.eagerly_finite(x) and identity.eagerly_finite(g)):
+            return None
+        if torch.is_grad_enabled() and x.requires_grad and identity.unwrapped(x).numel() < _REVERSE_TRANSFORM_SIZE:
+            return None  # the ordinary ops: the cheaper in reverse mode for small x
+    elif not (identity.plainly_eager() and _one_mode(x) and identity.all_finite(x, g)):
         return None
-    result: torch.Tensor = _FiniteIdentity.apply(fx, g, x)  # type: ignore[no-untyped-call]
+    result: torch.Tensor = _FiniteIdentity.apply(fx, g, x, alone)  # type: ignore[no-untyped-call]
     return result
+
+
+_REVERSE_TRANSFORM_SIZE = 1 << 16
+"""The size of x (under vmap, every sample's) from which a torch.func grad or vjp transform takes the Function: it
+costs a fixed 0.3–0.7 ms a call there (torch.func makes a Function of each level per call; the more under vmap),
+what the ordinary ops' ten or so extra passes over x cost at 3e4 elements under grad and 1e5 under vmap(grad), on a
+2-core CPU. Under a jvp transform it is the cheaper at every size measured (1e3 to 1e6), having six fewer ops each
+of which costs PyTorch a Python shape computation for an efficient zero tensor."""
+
+
+def _alone(x: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
+    """Under torch.func transforms: one derivative of this call is taken, by one grad or vjp transform or one jvp
+    transform (vmaps around or inside it), w.r.t. x, and nothing else can differentiate it (nothing under the
+    wrappers requires grad, no forward-mode level of forward_ad's own): the Function's backward or jvp then
+    gives the whole derivative, and its result is never differentiated itself."""
+    if forward_transforms_alone((x, *others)):
+        return forward_ad.unpack_dual(x).tangent is not None  # type: ignore[no-untyped-call]
+    if forward_ad._current_level >= 0 or not (torch.is_grad_enabled() and x.requires_grad):
+        return False
+    kinds = [interpreter.key() for interpreter in retrieve_all_functorch_interpreters()]
+    return (kinds.count(TransformType.Grad) == 1 and all(k in (TransformType.Grad, TransformType.Vmap) for k in kinds)
+            and not any(identity.unwrapped(t).requires_grad for t in (x, *others)))
 
 
 # ---------------------------------------------------------------- the decorator's J·v, in forward mode alone

@@ -62,8 +62,9 @@ def custom_gradient(fx: Any = None, gx: Any = None, x: Any = None, fx_gx_manuall
         h = stop(fx) − Σ (stop(gx)·(stop(x) − x) + N)
 
     made of ordinary ATen ops (N carries the derivative where gx is inf or
-    NaN; see ``identity``); a plain eager call with finite x and gx takes a
-    fast path with the same bits (``eager_fast_path``), and so does a plain
+    NaN; see ``identity``); a plain eager call with finite x and gx, or one
+    under a single ``torch.func`` derivative, takes a fast path with the
+    same bits (``eager_fast_path``), and so does a plain
     call compiled for reverse mode (``compiled_fast_path``). gx is read from
     its shape as on TensorFlow and JAX: ``fx.shape + x.shape`` is the
     Jacobian; a gx that broadcasts with x to ``fx.shape`` is elementwise; for
