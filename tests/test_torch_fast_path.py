@@ -283,6 +283,29 @@ def test_under_transforms_alone_the_identitys_function_is_its_ordinary_ops_bit_f
         same_bits(got, want)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("transform", ["func.vjp", "vmap(func.vjp)", "func.jvp", "vmap(func.jvp)"])
+def test_a_cotangent_or_tangent_requiring_grad_is_differentiated_as_the_ordinary_ops(transform, dtype,
+                                                                                     monkeypatch):
+    """A cotangent given to func.vjp's pullback, or a tangent to func.jvp, that requires grad: the derivative is
+    differentiated w.r.t. it, which the Function's formula would do in its own bits; so its backward runs the
+    ordinary ops' pullback there, and forward mode takes the ordinary ops. The derivative w.r.t. it, bit for bit."""
+    x, g, c0 = grid(dtype)
+    fx = torch.linspace(-3, 3, x.numel(), dtype=dtype)
+    u = c0.flip(0).contiguous()
+    results = []
+    for refused in (False, True):
+        _identity_spied(monkeypatch)
+        if refused:
+            _refused(monkeypatch, "finite_identity")
+            monkeypatch.setattr(identity, "eagerly_finite", lambda t: False)
+        c = c0.clone().requires_grad_(True)
+        first = pytree_leaves(_identity_under(transform, fx, g, x, c))[-1].reshape(-1)
+        results.append([first, *torch.autograd.grad(first, c, u)])
+    for got, want in zip(*results, strict=True):
+        same_bits(got, want)
+
+
 def test_under_transforms_the_identitys_function_is_taken_only_where_one_derivative_is_taken_alone(monkeypatch):
     """Refused under two derivatives (grad of grad, forward over reverse, a leaf requiring grad under the
     wrappers), for an x without a tangent, a non-finite x, and in reverse mode for x under the size where the
@@ -787,6 +810,11 @@ def test_under_forward_transforms_the_fast_path_is_taken_only_in_forward_mode_al
     leaf = x.clone().requires_grad_(True)
     tangent = torch.func.jvp(scaled, (leaf,), (ones,))[1]
     assert tangent.tolist() == [2.0, 2.0, 2.0] and taken == [False]
+    taken.clear()
+    moving = ones.clone().requires_grad_(True)  # a tangent a derivative is taken w.r.t.: the ordinary ops
+    tangent = torch.func.jvp(scaled, (x,), (moving,))[1]
+    assert tangent.tolist() == [2.0, 2.0, 2.0] and taken == [False]
+    assert torch.autograd.grad(tangent.sum(), moving)[0].tolist() == [2.0, 2.0, 2.0]
 
 
 def _route_cases():

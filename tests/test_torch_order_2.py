@@ -323,3 +323,46 @@ def test_a_forward_that_updates_a_running_statistic_updates_it_once_at_order_2()
     sgm.custom_gradient(tracked, order=2)(x).sum().backward()
     torch.testing.assert_close(running, torch.tensor([0.1, 0.2]))
     torch.testing.assert_close(x.grad, torch.tensor([3.0, 3.0]))
+
+
+def _pulled_back(y, pullback):
+    return pullback(torch.linspace(-2.0, 2.0, y.numel(), dtype=y.dtype).reshape(y.shape))[0]
+
+
+_REVERSE_ALONE = {
+    "func.grad": lambda fn, x: torch.func.grad(lambda x: fn(x).sum())(x),
+    "vmap(func.grad)": lambda fn, x: torch.func.vmap(torch.func.grad(lambda x: fn(x).sum()))(x.reshape(2, -1)),
+    "func.vjp": lambda fn, x: _pulled_back(*torch.func.vjp(fn, x)),
+    "jacrev": lambda fn, x: torch.func.jacrev(fn)(x),
+}
+
+
+@pytest.mark.parametrize("way", list(_REVERSE_ALONE))
+@pytest.mark.parametrize("rule", [elementwise_softplus, selected_softplus, logsumexp])
+def test_under_one_reverse_transform_alone_f_runs_at_stop_x_with_the_watched_calls_bits(rule, way, monkeypatch):
+    """Issue 56: under one grad or vjp transform (vmaps around or inside it), nothing under the wrappers requiring
+    grad, no second derivative can be taken, so order=2 runs f once at stop(x), as order=1 does, without the
+    watch of what f computes: what the VJP closes over has the same values, and the first derivative the same
+    bits as where f runs at x under the watch. A leaf requiring grad under the wrappers runs f at x."""
+    from stopgrad_math.torch import eager_fast_path
+
+    seen = []
+
+    def spied(x):
+        seen.append(x.requires_grad)
+        return rule(x)
+
+    ours = sgm.custom_gradient(spied, order=2)
+    x = torch.tensor([-3.0, -0.5, 0.0, 0.25, 2.0, 40.0], dtype=torch.float64)
+    fast = _REVERSE_ALONE[way](ours, x)
+    assert seen and not any(seen)  # x stopped in f
+    seen.clear()
+    monkeypatch.setattr(eager_fast_path, "reverse_transforms_alone", lambda *a: False)
+    watched = _REVERSE_ALONE[way](ours, x)
+    assert seen and all(seen)  # x at the transform's level in f
+    np.testing.assert_array_equal(fast.numpy().view(np.int64), watched.numpy().view(np.int64))
+    monkeypatch.undo()
+    seen.clear()
+    leaf = x.clone().requires_grad_(True)
+    _REVERSE_ALONE[way](ours, leaf)
+    assert seen and all(seen)

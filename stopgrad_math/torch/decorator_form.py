@@ -994,14 +994,16 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     embedded), or at x (order 2, eagerly and under torch.func), watched where reverse mode may differentiate it
     (``unrecorded``: a watch of what f computed without grad mode; else None). At order 2 f runs once where the
     watch saw it read nothing else that requires grad (y detached is then y at stop(x)), else again at stop(x),
-    replaying the first call's draws. Compiled, and at order 2 under a jvp transform alone, the VJP at stop(x)
-    as at order 1."""
+    replaying the first call's draws. Compiled, and at order 2 under one torch.func derivative alone, the VJP at
+    stop(x) as at order 1."""
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
-    # Compiled, the proof's graphs compute J from the arguments (``_Registered``). Under a jvp transform alone
-    # (``eager_fast_path.forward_transforms_alone``: nothing requiring grad) no second derivative can be taken,
-    # and the VJP at stop(x) closes over what it closes over at x, in value (``mapped_zero`` gives that no
-    # derivative itself).
-    if order == 1 or identity.compiling() or eager_fast_path.forward_transforms_alone(leaves.tensors()):
+    # Compiled, the proof's graphs compute J from the arguments (``_Registered``). Under a jvp, or a grad or vjp,
+    # transform alone (``eager_fast_path.forward_transforms_alone``, ``reverse_transforms_alone``: nothing under
+    # the wrappers requiring grad) no second derivative can be taken, and the VJP at stop(x) closes over what it
+    # closes over at x, in value (``mapped_zero`` gives that no derivative itself).
+    tensors = leaves.tensors()
+    if order == 1 or identity.compiling() or eager_fast_path.forward_transforms_alone(tensors) \
+            or eager_fast_path.reverse_transforms_alone(tensors):
         return (*call_f(f, leaves.with_values(stopped), kwargs), None)
     moving = [leaves.values[k] for k in leaves.differentiable]
     reverse = any(x.requires_grad for x in moving)  # (the watch's lost tensors matter to reverse mode alone)

@@ -75,6 +75,10 @@ class _FiniteIdentity(torch.autograd.Function):
             x = ctx.x  # identity's are (a torch.func grad asks create_graph too, but nothing differentiates it)
             (grad,) = torch.autograd.grad(_ordinary(ctx.fx, g, x), x, cotangent, create_graph=True)
             return None, None, grad, None
+        if ctx.alone and _moves(cotangent):  # func.vjp's cotangent, given by the caller, requiring grad: the
+            # result is differentiated w.r.t. it, so it is the ordinary ops' pullback of it
+            (grad,) = torch.func.vjp(lambda x: _ordinary(ctx.fx, g, x), ctx.x)[1](cotangent)
+            return None, None, grad, None
         sign_zero = torch.sign(g).mul_(0.0)
         return None, None, torch.mul(cotangent.neg(), g).add_(sign_zero).neg_(), None
 
@@ -152,12 +156,8 @@ def _alone(x: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
     wrappers requires grad, no forward-mode level of forward_ad's own): the Function's backward or jvp then
     gives the whole derivative, and its result is never differentiated itself."""
     if forward_transforms_alone((x, *others)):
-        return forward_ad.unpack_dual(x).tangent is not None  # type: ignore[no-untyped-call]
-    if forward_ad._current_level >= 0 or not (torch.is_grad_enabled() and x.requires_grad):
-        return False
-    kinds = [interpreter.key() for interpreter in retrieve_all_functorch_interpreters()]
-    return (kinds.count(TransformType.Grad) == 1 and all(k in (TransformType.Grad, TransformType.Vmap) for k in kinds)
-            and not any(identity.unwrapped(t).requires_grad for t in (x, *others)))
+        return _fixed_tangents([x])
+    return torch.is_grad_enabled() and x.requires_grad and reverse_transforms_alone((x, *others))
 
 
 # ---------------------------------------------------------------- the decorator's J·v, in forward mode alone
@@ -312,6 +312,18 @@ class _Times:
         return [torch.mul(v, self.c)]
 
 
+def _moves(t: torch.Tensor) -> bool:
+    """Whether the tensor torch.func's wrappers of t hold requires grad: a derivative w.r.t. it may be taken."""
+    return identity.unwrapped(t).requires_grad
+
+
+def _fixed_tangents(xs: Sequence[torch.Tensor]) -> bool:
+    """Whether each x has a tangent at the forward-mode level, none of which a derivative may be taken w.r.t. (a
+    tangent requiring grad given to func.jvp): the ordinary ops' tangent is then the whole derivative."""
+    tangents = [forward_ad.unpack_dual(x).tangent for x in xs]  # type: ignore[no-untyped-call]
+    return all(t is not None and not _moves(t) for t in tangents)
+
+
 def forward_transforms_alone(xs: Sequence[torch.Tensor] = ()) -> bool:
     """One torch.func jvp transform, with vmaps around or inside it, no grad or vjp transform, and none of ``xs``
     requiring grad (under the wrappers): what is computed now gets one derivative, in forward mode."""
@@ -319,7 +331,18 @@ def forward_transforms_alone(xs: Sequence[torch.Tensor] = ()) -> bool:
         return False
     kinds = [interpreter.key() for interpreter in retrieve_all_functorch_interpreters()]
     return (kinds.count(TransformType.Jvp) == 1 and all(k in (TransformType.Jvp, TransformType.Vmap) for k in kinds)
-            and not any(identity.unwrapped(x).requires_grad for x in xs))
+            and not any(_moves(x) for x in xs))
+
+
+def reverse_transforms_alone(xs: Sequence[torch.Tensor] = ()) -> bool:
+    """One torch.func grad or vjp transform, with vmaps around or inside it, no jvp transform or forward-mode level,
+    and none of ``xs`` requiring grad under the wrappers: what is computed now gets one derivative, in reverse
+    mode, which nothing differentiates again."""
+    if forward_ad._current_level >= 0:
+        return False
+    kinds = [interpreter.key() for interpreter in retrieve_all_functorch_interpreters()]
+    return (kinds.count(TransformType.Grad) == 1 and all(k in (TransformType.Grad, TransformType.Vmap) for k in kinds)
+            and not any(_moves(x) for x in xs))
 
 
 def _in_forward_transforms(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor],
@@ -335,7 +358,7 @@ def _in_forward_transforms(ys: Sequence[torch.Tensor], xs: Sequence[torch.Tensor
         return None
     # (an x with no tangent, an argument jacfwd does not differentiate: the ordinary ops. x need not be finite:
     # where it is not, their carrier passes its tangent as the plain ops do, and v is +0.0 either way)
-    if not all(forward_ad.unpack_dual(x).tangent is not None for x in xs):  # type: ignore[no-untyped-call]
+    if not _fixed_tangents(xs):
         return None
     if not linked:  # (order 2: the ordinary ops' jvp applies the same graph to the same tangents, at any values)
         return list(_DualOfMap.apply(transposed, len(ys), False, *ys, *xs))  # type: ignore[no-untyped-call]
