@@ -46,49 +46,77 @@ def _ordinary(fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tenso
     return identity.attach(fx, [identity.zero_term(Layout.ELEMENTWISE, fx, x, g)])
 
 
+def _derivative(t: torch.Tensor, g: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """The ordinary-op identity's derivative for finite x and g, op for op: x̄ = −((−c)·g + 0·sign(g)) for a
+    cotangent c (``reverse``), ḣ = −(−(ẋ·g) + 0) for a tangent ẋ."""
+    if reverse:
+        return torch.mul(t.neg(), g).add_(torch.sign(g).mul_(0.0)).neg_()
+    return torch.mul(t, g).neg_().add_(0.0).neg_()
+
+
 class _FiniteIdentity(torch.autograd.Function):
-    """fx with derivative g w.r.t. x, for finite x and g (fx and g stopped); see the module docstring. ``alone``:
-    called under torch.func transforms where its backward's result is differentiated by nothing (``_alone``)."""
-
-    generate_vmap_rule = True  # its forward is one op of fx: vmap batches it, and its backward's and jvp's ops
-
-    @staticmethod
-    def forward(fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor, alone: bool) -> torch.Tensor:
-        return torch.sub(fx, 0.0)
+    """fx with derivative g w.r.t. x, for finite x and g (fx and g stopped), in plain eager calls; see the module
+    docstring. (A Function with ``ctx`` in its forward: torch.func's form, ``_InTransforms``, costs a plain eager
+    call about 50 µs more.)"""
 
     @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        fx, g, x, alone = inputs
+    def forward(ctx: Any, fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(g)
         ctx.save_for_forward(g)
-        ctx.alone = alone
         ctx.fx, ctx.x = fx, x  # for create_graph alone, unpacked without save_for_backward's version check,
         # as the ordinary ops keep no reference to x that a later in-place change of x would invalidate
+        return torch.sub(fx, 0.0)
 
     @staticmethod
-    def backward(ctx: Any, cotangent: torch.Tensor | None) -> tuple[None, None, torch.Tensor | None, None]:
+    def backward(ctx: Any, cotangent: torch.Tensor | None) -> tuple[None, None, torch.Tensor | None]:
         (g,) = ctx.saved_tensors
         if cotangent is None:
-            return None, None, None, None
-        if torch.is_grad_enabled() and not ctx.alone:  # create_graph: the ordinary ops, differentiable as the
-            x = ctx.x  # identity's are (a torch.func grad asks create_graph too, but nothing differentiates it)
+            return None, None, None
+        if torch.is_grad_enabled():  # create_graph: the ordinary ops, differentiable as the identity's are
+            x = ctx.x
             (grad,) = torch.autograd.grad(_ordinary(ctx.fx, g, x), x, cotangent, create_graph=True)
-            return None, None, grad, None
-        if ctx.alone and _moves(cotangent):  # func.vjp's cotangent, given by the caller, requiring grad: the
-            # result is differentiated w.r.t. it, so it is the ordinary ops' pullback of it
-            (grad,) = torch.func.vjp(lambda x: _ordinary(ctx.fx, g, x), ctx.x)[1](cotangent)
-            return None, None, grad, None
-        sign_zero = torch.sign(g).mul_(0.0)
-        return None, None, torch.mul(cotangent.neg(), g).add_(sign_zero).neg_(), None
+            return None, None, grad
+        return None, None, _derivative(cotangent, g, reverse=True)
 
     @staticmethod
-    def jvp(ctx: Any, fx_tangent: Any, g_tangent: Any, x_tangent: torch.Tensor | None, _alone: Any) -> torch.Tensor:
+    def jvp(ctx: Any, fx_tangent: Any, g_tangent: Any, x_tangent: torch.Tensor | None) -> torch.Tensor:
         del fx_tangent, g_tangent  # fx and g are stopped: they carry none
         (g,) = ctx.saved_tensors
         if x_tangent is None:
             return torch.zeros_like(g)
-        return torch.mul(x_tangent, g).neg_().add_(0.0).neg_()
+        return _derivative(x_tangent, g, reverse=False)
+
+
+class _InTransforms(_FiniteIdentity):
+    """``_FiniteIdentity`` under torch.func transforms that take one derivative of the call, which nothing
+    differentiates further (``_alone``): with the rules torch.func asks of a Function, and no create_graph to
+    serve (a torch.func grad asks it, but nothing differentiates its result), but for a cotangent given to
+    func.vjp's pullback that requires grad."""
+
+    generate_vmap_rule = True  # its forward is one op of fx: vmap batches it, and its backward's and jvp's ops
+
+    @staticmethod
+    def forward(fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return torch.sub(fx, 0.0)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        fx, g, x = inputs
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(g)
+        ctx.save_for_forward(g)
+        ctx.fx, ctx.x = fx, x
+
+    @staticmethod
+    def backward(ctx: Any, cotangent: torch.Tensor | None) -> tuple[None, None, torch.Tensor | None]:
+        (g,) = ctx.saved_tensors
+        if cotangent is None:
+            return None, None, None
+        if _moves(cotangent):  # the result is differentiated w.r.t. it: the ordinary ops' pullback of it
+            (grad,) = torch.func.vjp(lambda x: _ordinary(ctx.fx, g, x), ctx.x)[1](cotangent)
+            return None, None, grad
+        return None, None, _derivative(cotangent, g, reverse=True)
 
 
 _DTYPES = (torch.float16, torch.float32, torch.float64)
@@ -130,15 +158,17 @@ def finite_identity(fx: torch.Tensor, planned: list[tuple[str, Layout, torch.Ten
     if plain is None:
         return None
     g, x = plain
-    alone = bool(retrieve_all_functorch_interpreters())
-    if alone:
+    result: torch.Tensor
+    if retrieve_all_functorch_interpreters():
         if not (_alone(x, (fx, g)) and identity.eagerly_finite(x) and identity.eagerly_finite(g)):
             return None
         if torch.is_grad_enabled() and x.requires_grad and identity.unwrapped(x).numel() < _REVERSE_TRANSFORM_SIZE:
             return None  # the ordinary ops: the cheaper in reverse mode for small x
-    elif not (identity.plainly_eager() and _one_mode(x) and identity.all_finite(x, g)):
+        result = _InTransforms.apply(fx, g, x)  # type: ignore[no-untyped-call]
+        return result
+    if not (identity.plainly_eager() and _one_mode(x) and identity.all_finite(x, g)):
         return None
-    result: torch.Tensor = _FiniteIdentity.apply(fx, g, x, alone)  # type: ignore[no-untyped-call]
+    result = _FiniteIdentity.apply(fx, g, x)  # type: ignore[no-untyped-call]
     return result
 
 
