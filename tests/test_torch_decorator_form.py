@@ -401,6 +401,18 @@ def test_order_2_with_a_forward_without_grad_mode_raises_never_a_fraction_of_the
         _second(way, _sin_computed_without_grad(2, how), X64)
 
 
+@pytest.mark.parametrize("how", ["no_grad", "inference_mode"])
+def test_order_2_with_a_forward_without_grad_mode_gives_first_derivatives_where_no_second_can_be_taken(how):
+    """Issue 56: under one grad or vjp transform alone (nothing under its wrappers requiring grad) no second
+    derivative can be taken, so f runs at stop(x) and the VJP's no-grad tensor is what order 1 reads: the first
+    derivative, exactly, where the second derivatives above raise."""
+    sin = _sin_computed_without_grad(2, how)
+    torch.testing.assert_close(torch.func.grad(lambda x: sin(x).sum())(X64), torch.cos(X64), rtol=0, atol=0)
+    torch.testing.assert_close(torch.func.vmap(torch.func.grad(sin))(X64), torch.cos(X64), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="with grad mode off"):  # a leaf requiring grad: a second one may be taken
+        torch.func.grad(lambda x: sin(x).sum())(X64.clone().requires_grad_(True))
+
+
 def test_order_2_with_a_forward_without_grad_mode_raises_under_torch_compile_too():
     """Ours, from the proof made as Dynamo traces f; torch 2.6's Dynamo refuses f's no_grad under func.hessian
     before (its own Unsupported), which is as loud."""

@@ -248,6 +248,9 @@ def mapped_zero(maps: Any, vs: list[torch.Tensor], constants: list[torch.Tensor]
     ``maps.zeros(v, c)``: the +0.0 outputs. Where J is constant the carrier over ordinary ops gives the
     same (``zero_with_derivative_of``); this is the decorator's ``order=2``.
     """
+    # a tensor f computed under inference_mode cannot be saved for a derivative; its copy, of the same values and
+    # as free of history, can
+    constants = [c.clone() if c.is_inference() else c for c in constants]
     zeros: tuple[torch.Tensor, ...] = _MappedZero.apply(maps, len(vs), *vs, *constants)  # type: ignore[no-untyped-call]
     return list(zeros)
 
