@@ -50,15 +50,18 @@ def test_compiled_with_fullgraph_has_no_graph_break_and_the_eager_value():
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1
 
 
-@pytest.mark.parametrize("mode", ["eager", "compiled", "func.jvp"])
+@pytest.mark.parametrize("mode", ["eager", "compiled", "func.jvp", "func.jvp of func.jvp"])
 def test_the_value_is_fx_bit_for_bit(mode):
-    """Through each fast path (eager, compiled) and the ordinary ops (inside torch.func, where no fast path
-    stands in)."""
+    """Through each fast path (eager, compiled, under one torch.func derivative) and the ordinary ops (under nested
+    torch.func derivatives, where no fast path stands in)."""
     fx = torch.tensor([-0.0, math.inf, -math.inf, math.nan, 1e-40, 3.0])  # 1e-40: a float32 subnormal
     x = torch.arange(1.0, 7.0)
     fn = lambda x: sgm.custom_gradient(fx, 2.0 * x, x)  # noqa: E731
+    ones = torch.ones_like(x)
     if mode == "func.jvp":
-        value = torch.func.jvp(fn, (x,), (torch.ones_like(x),))[0]
+        value = torch.func.jvp(fn, (x,), (ones,))[0]
+    elif mode == "func.jvp of func.jvp":
+        value = torch.func.jvp(lambda x: torch.func.jvp(fn, (x,), (ones,))[0], (x,), (ones,))[0]
     else:
         value = (torch.compile(fn, fullgraph=True) if mode == "compiled" else fn)(x.requires_grad_(True))
     assert np.array_equal(bits(value), bits(fx))
