@@ -747,10 +747,10 @@ MUTANTS = {
         "stopgrad_math.torch.unrecorded", "Watch", _f_always_run_twice,
         (_ORDER_2_TORCH + "test_a_forward_that_updates_a_running_statistic_updates_it_once_at_order_2",)),
     "PyTorch's decorator wraps the VJP's own exception": Mutant(
-        "stopgrad_math.torch.decorator_form", "_raised_by_the_vjp", _every_exception_wrapped,
+        "stopgrad_math.torch.refusals", "raised_by_the_vjp", _every_exception_wrapped,
         ("tests/test_torch_decorator_form.py::test_an_exception_the_vjp_raises_passes_through_unchanged",)),
     "PyTorch's decorator keeps no proof under torch.func": Mutant(
-        "stopgrad_math.torch.decorator_form", "_known", _no_proof_kept_under_transforms,
+        "stopgrad_math.torch.kept_proofs", "known", _no_proof_kept_under_transforms,
         ("tests/test_torch_proofs_kept.py::test_under_a_transform_a_known_signature_traces_nothing_and_reads_this_"
          "calls_tensors[func.jvp]",)),
     "the Function face says every argument needs its gradient": Mutant(
@@ -917,19 +917,19 @@ MUTANTS = {
         "stopgrad_math.torch.decorator_form", "_proven", _differentiates_the_vjp_as_written,
         (f"{_AS_BACKWARD}::test_a_vjp_written_as_a_backward_gets_the_derivative_of_the_map_a_backward_applies",)),
     "the PyTorch decorator differentiates the VJP as written under torch.compile": Mutant(
-        "stopgrad_math.torch.decorator_form", "_proven_while_compiling", _compiled_as_written,
+        "stopgrad_math.torch.compiled_proof", "proven_while_compiling", _compiled_as_written,
         (f"{_AS_BACKWARD}::test_under_torch_compile_a_vjp_written_as_a_backward_gets_the_derivative_of_its_map",)),
     "the PyTorch decorator takes a read of the cotangent for the map": Mutant(
-        "stopgrad_math.torch.linear_ops", "unreadable", _readable_cotangents,
+        "stopgrad_math.torch.aten_graphs", "unreadable", _readable_cotangents,
         (f"{_AS_BACKWARD}::test_a_read_of_the_cotangents_value_is_refused_eagerly_naming_the_vjp",)),
     "the PyTorch decorator reuses a stale proof": Mutant(
-        "stopgrad_math.torch.decorator_form", "_signature", _stale_proof,
+        "stopgrad_math.torch.kept_proofs", "_signature", _stale_proof,
         ("tests/test_torch_proofs_kept.py::test_a_new_closure_value_shape_dtype_or_global_makes_a_new_proof",)),
     "the PyTorch decorator never guards second derivatives under torch.func": Mutant(
         "stopgrad_math.torch.second_derivative_guard", "check", _never_checks,
         ("tests/test_torch_decorator_form.py::test_order_1_second_derivatives_raise_naming_order_2",)),
     "the PyTorch decorator proves nothing under torch.compile": Mutant(
-        "stopgrad_math.torch.decorator_form", "_proven_while_compiling", _proves_nothing_while_compiling,
+        "stopgrad_math.torch.compiled_proof", "proven_while_compiling", _proves_nothing_while_compiling,
         ("tests/test_torch_decorator_compiled.py::test_a_vjp_that_is_not_linear_is_refused_naming_the_op",)),
     "a PyTorch layer's backward op is linear in the wrong argument": Mutant(
         "stopgrad_math.torch.linear_ops", "RULES", _relu_backward_linear_in_its_input,
@@ -959,11 +959,11 @@ MUTANTS = {
         ("tests/test_checkpointing.py::test_a_gradient_op_tensorflow_cannot_differentiate_gives_tf_custom_gradients_"
          "reverse_mode[softsign-eager]",)),
     "the PyTorch decorator's reverse-only carrier gives forward mode zeros": Mutant(
-        "stopgrad_math.torch.decorator_form", "_Maps", _reverse_only_forward_zeros,
+        "stopgrad_math.torch.zero_terms", "_Maps", _reverse_only_forward_zeros,
         ("tests/test_torch_checkpointing.py::test_a_backward_op_pytorch_cannot_differentiate_gives_reverse_mode_and_"
          "refuses_forward_mode_naming_it[hardsigmoid-torch.autograd.grad]",)),
     "the compiled PyTorch decorator follows no module's own parameters": Mutant(
-        "stopgrad_math.torch.decorator_form", "_module_members", _no_members,
+        "stopgrad_math.torch.compiled_proof", "_module_members", _no_members,
         ("tests/test_torch_checkpointing.py::test_a_recomputed_block_is_exact_compiled_in_both_modes["
          "linear-torch.autograd.grad]",)),
     "the JAX compiled embedding keeps what f closes over alive": Mutant(

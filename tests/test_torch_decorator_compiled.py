@@ -186,7 +186,7 @@ def test_before_torch_2_13_a_module_passed_to_f_is_refused_by_dynamo():
 def test_dynamo_reset_drops_the_graphs_and_proofs_made_for_compiled_calls():
     """Issue 56: each compilation registered two graphs for good, which survived ``torch._dynamo.reset()``; they
     and the proofs go with Dynamo's own caches, at the next compilation."""
-    from stopgrad_math.torch import decorator_form
+    from stopgrad_math.torch import compiled_graphs, compiled_proof
 
     def scaled(scale):  # a new proof at each round: the scale is in the key
         @sgm.custom_gradient
@@ -201,7 +201,7 @@ def test_dynamo_reset_drops_the_graphs_and_proofs_made_for_compiled_calls():
         x = X.clone().requires_grad_(True)
         compiled(scaled(scale))(x).sum().backward()
         torch.testing.assert_close(x.grad, scale * torch.cos(X), rtol=1e-6, atol=0)
-        sizes.append((len(decorator_form._COMPILED), len(decorator_form._PROVEN_WHILE_COMPILING)))
+        sizes.append((len(compiled_graphs.COMPILED), len(compiled_proof._PROVEN_WHILE_COMPILING)))
     assert sizes == [sizes[0]] * 4 and sizes[0][0] == 2  # (two proofs a round: for any size, then this one)
 
 
@@ -303,11 +303,11 @@ def test_a_one_element_y_keeps_an_infinite_derivative():
 def test_one_compiled_program_proves_a_decorated_function_once_for_its_calls(monkeypatch):
     """Three calls of one f on one shape in a compiled program (an activation in three layers): one proof, each
     call's gradient exact."""
-    from stopgrad_math.torch import decorator_form
+    from stopgrad_math.torch import compiled_proof
 
     proofs = []
-    original = decorator_form._proof_of_f
-    monkeypatch.setattr(decorator_form, "_proof_of_f",
+    original = compiled_proof._proof_of_f
+    monkeypatch.setattr(compiled_proof, "_proof_of_f",
                         lambda *args, **options: proofs.append(1) or original(*args, **options))
     weights = [torch.tensor([[0.5, -1.0], [2.0, 0.25]], dtype=torch.float64) * k for k in (1.0, 0.5, 2.0)]
 

@@ -489,7 +489,7 @@ def test_order_2_takes_a_detach_in_the_vjp_as_the_stop_its_author_wrote(stop):
     """The VJP stops the cos(x) it closes over (``c.detach()``, ``c.data``): every second-derivative way gives the
     rule's Hessian, as the Function's double backward does. From torch 2.14 make_fx records detach as alias, and a
     graph run later took it for the identity: the Hessian through the stop ([0.83, −2.03, 0.65] for [1.23, 0.33,
-    0.31]), silently; the stops are recorded with a marker now (``linear_ops._StopsRecorded``)."""
+    0.31]), silently; the stops are recorded with a marker now (``aten_graphs._StopsRecorded``)."""
     @sgm.custom_gradient(order=2)
     def sin(x):
         c = torch.cos(x)

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 from stopgrad_math.shared.linearity import AFFINE, Finding, State  # noqa: E402
-from stopgrad_math.torch import linear_ops  # noqa: E402
+from stopgrad_math.torch import aten_graphs, linear_ops  # noqa: E402
 
 S = torch.tensor([0.3, 0.7, 0.2, 0.9])
 M = torch.tensor([[2.0, 0.5, 0.0, 1.0], [0.0, 1.0, 3.0, 0.5], [1.0, 0.0, 1.0, 0.0], [0.5, 0.5, 0.5, 2.0]])
@@ -99,7 +99,7 @@ def _strided_into(base, ct):
 
 
 def _graph(vjp):
-    return linear_ops.trace(lambda ct: [vjp(ct)], torch.zeros(4))
+    return aten_graphs.trace(lambda ct: [vjp(ct)], torch.zeros(4))
 
 
 def _is_linear(graph):
@@ -110,7 +110,7 @@ def _is_linear(graph):
 
 
 def _ops(graph):
-    return {linear_ops._name(n.target) for n in graph.graph.graph.nodes if n.op == "call_function"}
+    return {linear_ops.op_name(n.target) for n in graph.graph.graph.nodes if n.op == "call_function"}
 
 
 @pytest.mark.parametrize("case", LINEAR)
@@ -153,7 +153,7 @@ def test_the_affine_finding_is_the_one_reason_shared_with_jax():
 
 
 def test_a_term_that_does_not_depend_on_the_cotangent_is_const_and_zeros_are_zero():
-    graph = linear_ops.trace(lambda ct: [S * 2, torch.zeros(4), torch.zeros(2, 2).reshape(4).double(), ct * 0],
+    graph = aten_graphs.trace(lambda ct: [S * 2, torch.zeros(4), torch.zeros(2, 2).reshape(4).double(), ct * 0],
                              torch.zeros(4))
     assert graph(torch.ones(4))[0].abs().sum() > 0  # the truth: a nonzero constant, not a map of ct
     assert graph.states() == [State.CONST, State.ZERO, State.ZERO, State.ZERO]  # ct·0: the zero map
@@ -163,21 +163,21 @@ def test_zeros_multiplied_or_added_stay_zero_so_an_iteration_from_zeros_is_linea
     """0·S, 0 @ M, M @ 0, 0 + 0 and einsum with a zero, the zeros made inside, are zero (a product with a zero
     factor, as a product whose cotangent side is zero already is); S + 0 is not. So ``v = 0; v = ct + v @ M`` is
     linear, where it was refused as affine."""
-    graph = linear_ops.trace(lambda ct: [torch.zeros(4) * S, torch.zeros(4) @ M, M @ torch.zeros(4),
+    graph = aten_graphs.trace(lambda ct: [torch.zeros(4) * S, torch.zeros(4) @ M, M @ torch.zeros(4),
                                          torch.zeros(4) + torch.zeros(4), torch.einsum("i,ij->j", torch.zeros(4), M),
                                          S + torch.zeros(4), ct + torch.zeros(4) @ M], torch.zeros(4))
     assert graph.states() == [State.ZERO] * 5 + [State.CONST, State.LINEAR]
 
 
 def test_an_op_that_reads_only_the_cotangents_shape_does_not_depend_on_it():
-    graph = linear_ops.trace(lambda ct: [ct.new_zeros(4), torch.zeros_like(ct), torch.ones_like(ct),
+    graph = aten_graphs.trace(lambda ct: [ct.new_zeros(4), torch.zeros_like(ct), torch.ones_like(ct),
                                          ct.new_full((4,), 2.0)], torch.zeros(4))
     assert graph(torch.ones(4))[2].sum() == 4  # the truth: the ones are a constant, not a map of ct
     assert graph.states() == [State.ZERO, State.ZERO, State.CONST, State.CONST]
 
 
 def test_a_finding_reaches_every_output_it_feeds_and_only_those():
-    graph = linear_ops.trace(lambda ct: [ct.abs() * S, ct * S, ct.abs().sum() + ct], torch.zeros(4))
+    graph = aten_graphs.trace(lambda ct: [ct.abs() * S, ct * S, ct.abs().sum() + ct], torch.zeros(4))
     first, second, third = graph.states()
     assert isinstance(first, Finding) and first.primitive == "abs"
     assert second is State.LINEAR
@@ -185,12 +185,12 @@ def test_a_finding_reaches_every_output_it_feeds_and_only_those():
 
 
 def test_several_cotangents_each_a_placeholder():
-    graph = linear_ops.trace(lambda a, b: [a * S + b[:4], M @ a - b[4:]], torch.zeros(4), torch.zeros(8))
+    graph = aten_graphs.trace(lambda a, b: [a * S + b[:4], M @ a - b[4:]], torch.zeros(4), torch.zeros(8))
     assert graph.states() == [State.LINEAR, State.LINEAR]
 
 
 def test_a_split_reaches_each_piece_through_getitem():
-    graph = linear_ops.trace(lambda ct: list(torch.split(ct, 2)), torch.zeros(4))
+    graph = aten_graphs.trace(lambda ct: list(torch.split(ct, 2)), torch.zeros(4))
     assert "split" in _ops(graph)
     assert graph.states() == [State.LINEAR, State.LINEAR]
 
@@ -202,8 +202,9 @@ def test_in_place_updates_are_judged_after_functionalization():
         g.mul_(2)
         return [g]
 
-    graph = linear_ops.trace(vjp, torch.zeros(4))
-    assert not any(linear_ops._name(n.target).endswith("_") for n in graph.graph.graph.nodes if n.op == "call_function")
+    graph = aten_graphs.trace(vjp, torch.zeros(4))
+    assert not any(linear_ops.op_name(n.target).endswith("_") for n in graph.graph.graph.nodes
+                   if n.op == "call_function")
     assert graph.states() == [State.LINEAR]
 
     def clipped_in_place(ct):
@@ -211,5 +212,5 @@ def test_in_place_updates_are_judged_after_functionalization():
         g.clamp_(-1, 1)
         return [g]
 
-    [finding] = linear_ops.trace(clipped_in_place, torch.zeros(4)).states()
+    [finding] = aten_graphs.trace(clipped_in_place, torch.zeros(4)).states()
     assert isinstance(finding, Finding) and finding.primitive == "clamp"

@@ -21,7 +21,7 @@ from torch_modes import MODES, counted_traces  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
 from stopgrad_math.shared import bounded_cache  # noqa: E402
-from stopgrad_math.torch import decorator_form  # noqa: E402
+from stopgrad_math.torch import kept_proofs  # noqa: E402
 
 X = torch.tensor([0.4, -1.3, 2.2, 0.9], dtype=torch.float64)
 SCALE = 3.0  # a global a VJP reads: reassigning it must make a new proof
@@ -29,7 +29,7 @@ SCALE = 3.0  # a global a VJP reads: reassigning it must make a new proof
 
 @pytest.fixture(autouse=True)
 def _fresh_proofs(monkeypatch):
-    monkeypatch.setattr(decorator_form, "_PROOFS", bounded_cache.BoundedCache(decorator_form.PROOFS_KEPT))
+    monkeypatch.setattr(kept_proofs, "_PROOFS", bounded_cache.BoundedCache(kept_proofs.PROOFS_KEPT))
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_a_float_taken_as_a_symbol_gives_the_vjps_own_bits(mode, dtype, monkeypa
     for scale in (0.1, 1e-9, 3.0):
         kept = MODES[mode](_scaled_sin(scale), grid)
         with monkeypatch.context() as patched:
-            patched.setattr(decorator_form, "_known", lambda *args: None)
+            patched.setattr(kept_proofs, "known", lambda *args: None)
             traced = MODES[mode](_scaled_sin(scale), grid)
         assert torch.equal(torch.signbit(kept), torch.signbit(traced)), (scale, kept, traced)
         torch.testing.assert_close(kept, traced, rtol=0, atol=0, equal_nan=True)
@@ -212,7 +212,7 @@ def test_the_kept_proof_gives_what_a_trace_at_every_call_gives_bit_for_bit(mode,
     f = _scaled_sin(2.0)
     grid = torch.tensor([0.0, -0.0, 1e-300, -2.5, np.inf, -np.inf, np.nan, 1e300], dtype=torch.float64)
     kept = [MODES[mode](f, grid) for _ in range(2)]
-    monkeypatch.setattr(decorator_form, "_known", lambda *args: None)
+    monkeypatch.setattr(kept_proofs, "known", lambda *args: None)
     traced = MODES[mode](f, grid)
     for result in kept:
         torch.testing.assert_close(result, traced, rtol=0, atol=0, equal_nan=True)
@@ -242,7 +242,7 @@ def test_order_2_hessians_from_a_kept_proof_are_exact(traces):
 def test_kept_proofs_hold_no_tensor_of_a_past_call_and_are_bounded(mode, monkeypatch):
     """Each proof holds graphs traced on stand-ins: no tensor of the call (nor a transform's wrapper of one), so
     what the cache holds is bounded by its entries' graphs, not by the tensors' bytes."""
-    monkeypatch.setattr(decorator_form, "_PROOFS", bounded_cache.BoundedCache(4))
+    monkeypatch.setattr(kept_proofs, "_PROOFS", bounded_cache.BoundedCache(4))
     closed_over = []
 
     @sgm.custom_gradient
@@ -258,7 +258,7 @@ def test_kept_proofs_hold_no_tensor_of_a_past_call_and_are_bounded(mode, monkeyp
         torch.testing.assert_close(got, torch.cos(x), rtol=0, atol=0)
     gc.collect()
     assert all(ref() is None for ref in closed_over)
-    assert len(decorator_form._PROOFS) == 4
+    assert len(kept_proofs._PROOFS) == 4
 
 
 def test_where_nothing_differentiates_the_call_is_f_alone_and_the_vjp_is_not_called():
@@ -357,7 +357,7 @@ def test_new_proofs_leave_nothing_in_pytorchs_caches_or_the_threads_context(monk
     a hundred new signatures leave every count as it was."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    monkeypatch.setattr(decorator_form, "_PROOFS", bounded_cache.BoundedCache(4))
+    monkeypatch.setattr(kept_proofs, "_PROOFS", bounded_cache.BoundedCache(4))
 
     def scaled(scale):
         @sgm.custom_gradient

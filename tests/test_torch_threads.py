@@ -13,7 +13,7 @@ from torch_modes import counted_traces  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
 from stopgrad_math.shared import bounded_cache  # noqa: E402
-from stopgrad_math.torch import decorator_form  # noqa: E402
+from stopgrad_math.torch import kept_proofs  # noqa: E402
 
 X = torch.tensor([0.4, -1.3, 2.2, 0.9], dtype=torch.float64)
 DYNAMO_MARKS_ITS_COMPILATIONS = hasattr(torch.compiler, "_compile_session_context")
@@ -26,7 +26,7 @@ error to anomaly mode, which AOTAutograd turns on for the process while it trace
 
 @pytest.fixture(autouse=True)
 def _fresh_proofs(monkeypatch):
-    monkeypatch.setattr(decorator_form, "_PROOFS", bounded_cache.BoundedCache(decorator_form.PROOFS_KEPT))
+    monkeypatch.setattr(kept_proofs, "_PROOFS", bounded_cache.BoundedCache(kept_proofs.PROOFS_KEPT))
 
 
 @sgm.custom_gradient

@@ -62,16 +62,16 @@ def ours(error: BaseException, kind: type[BaseException]) -> BaseException:
 def counted_traces(monkeypatch):
     """A one-item list counting the VJP traces the decorator makes from now on (each proof, or each call traced
     anew)."""
-    from stopgrad_math.torch import linear_ops
+    from stopgrad_math.torch import aten_graphs
 
     count = [0]
-    original = linear_ops.trace
+    original = aten_graphs.trace
 
     def counted(*args, **kwargs):
         count[0] += 1
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(linear_ops, "trace", counted)
+    monkeypatch.setattr(aten_graphs, "trace", counted)
     return count
 
 
@@ -79,10 +79,10 @@ def fresh_compilation(monkeypatch):
     """Dynamo reset, and the decorator's proofs made while compiling forgotten: a test compiles and proves anew,
     with whatever it patches in place."""
     from stopgrad_math.shared import bounded_cache
-    from stopgrad_math.torch import decorator_form
+    from stopgrad_math.torch import compiled_proof
 
     torch._dynamo.reset()
-    monkeypatch.setattr(decorator_form, "_PROVEN_WHILE_COMPILING", bounded_cache.BoundedCache(4))
+    monkeypatch.setattr(compiled_proof, "_PROVEN_WHILE_COMPILING", bounded_cache.BoundedCache(4))
 
 
 AWKWARD = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25, 3e4, 1e-30]

@@ -38,7 +38,7 @@ from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.torch import identity, linear_ops, second_derivative_guard
+from stopgrad_math.torch import aten_graphs, identity, second_derivative_guard
 
 
 def _ordinary(fx: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -437,7 +437,7 @@ def product_factor(graph: torch.fx.GraphModule, live: int) -> torch.fx.GraphModu
             or len(product.args) != 2 or sum(a is v for a in product.args) != 1:
         return None
     factor = product.args[1] if product.args[0] is v else product.args[0]
-    constant_node = isinstance(factor, torch.fx.Node) and not linear_ops.reaches_any(factor, {v})
+    constant_node = isinstance(factor, torch.fx.Node) and not aten_graphs.reaches_any(factor, {v})
     if not (constant_node or type(factor) in (int, float)):
         return None
     copied: dict[torch.fx.Node, torch.fx.Node] = {}

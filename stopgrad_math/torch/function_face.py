@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import bounded_cache
 from stopgrad_math.shared.linearity import Route
-from stopgrad_math.torch import decorator_form, identity, second_derivative_guard
+from stopgrad_math.torch import decorator_form, identity, refusals, second_derivative_guard
 
 DIRTY = ("{name}.forward marks an argument dirty (ctx.mark_dirty): it changes its argument in place, which the "
          "decorator's f, a function of its arguments, may not")
@@ -285,7 +285,7 @@ def _fallen_back(cls: type[Function], args: tuple[Any, ...], route: Route) -> An
     compiled, eager = cls._stopgrad_math_fallbacks
     if identity.compiling():
         if second_derivative_guard.in_transform():
-            decorator_form.refuse(f"{cls.__name__} would run as a torch.autograd.Function here, since stopgrad_math "
+            refusals.refuse(f"{cls.__name__} would run as a torch.autograd.Function here, since stopgrad_math "
                                   f"cannot embed its backward ({route.reason}), and under torch.compile PyTorch "
                                   "differentiates a Function's forward inside a torch.func transform, dropping its "
                                   "backward without a word (pytorch#193279, on torch 2.6 to 2.14): call the "

@@ -10,7 +10,7 @@ from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import arguments, layouts
 from stopgrad_math.shared.layouts import Layout
-from stopgrad_math.torch import compiled_fast_path, decorator_form, eager_fast_path, identity
+from stopgrad_math.torch import compiled_fast_path, decorator_form, eager_fast_path, evaluation, identity
 
 
 def _leaves(gx: Any, x: Any) -> list[tuple[str, Any, Any]]:
@@ -156,7 +156,7 @@ def with_gradient(fx: Any, gx: Any, x: Any, fx_gx_manually_stopped: bool = False
     fx and gx read x stopped by construction (partial_custom_gradient), and the promise is not checked."""
     fx = identity.inexact_tensor(fx, "fx")
     planned = [(label, *_checked(fx, label, g, leaf)) for label, g, leaf in _leaves(gx, x) if g is not None]
-    if not decorator_form.differentiating([fx, *(t for _, _, g, leaf in planned for t in (g, leaf))]):
+    if not evaluation.differentiating([fx, *(t for _, _, g, leaf in planned for t in (g, leaf))]):
         return torch.clone(fx)  # fx's value as a tensor of its own, as the identity's is; nothing can differentiate
     if not fx_gx_manually_stopped:
         fx = identity.stop(fx)

@@ -35,7 +35,7 @@ HELD = types.ModuleType("stopgrad_math.torch.size_conditions.HELD")
 """The conditions made so far, as attributes ``holds<n>``: Dynamo inlines a function found there, guarding the
 attribute as it guards any global it reads."""
 # the conditions' code as a file of this package, so that an error raised in it is the library's, never taken for
-# the user's VJP raising (``decorator_form._raised_by_the_vjp``)
+# the user's VJP raising (``refusals.raised_by_the_vjp``)
 _SOURCE_FILE = os.path.join(os.path.dirname(__file__), "<a size condition>")
 _BY_SOURCE: dict[str, int] = {}  # one function per distinct condition
 _NUMBERS = itertools.count(1)

@@ -1,0 +1,84 @@
+"""The PyTorch decorator's first stage: whether a call differentiates at all, and f evaluated for it.
+
+``differentiating`` says whether any derivative of the call can be taken
+(where none can, the call is f's value alone). ``evaluated`` runs f: y at
+stop(x), and the VJP at stop(x) (order 1) or at x (order 2), watched by
+``unrecorded`` where reverse mode may differentiate what it closes over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from stopgrad_math.shared.arguments import call_f
+from stopgrad_math.torch import (
+    eager_fast_path,
+    identity,
+    second_derivative_guard,
+    unrecorded,
+)
+from stopgrad_math.torch.vjp_conventions import Leaves
+
+
+def differentiating(args: Sequence[Any]) -> bool:
+    """Whether a derivative of a call on ``args`` (a nest) may be taken: an argument that requires grad in grad
+    mode, a forward-mode level, a torch.func transform, a trace (make_fx's, an outer VJP's) or a compilation.
+    Where none is, a decorated call is f's value alone, as a Function's forward without grad, and the VJP is not
+    called; the identity form is fx."""
+    if identity.compiling() or second_derivative_guard.forward_mode_possible() \
+            or torch._C._len_torch_dispatch_stack():
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    flat = args if all(type(a) is torch.Tensor for a in args) else pytree.tree_leaves(args)
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
+
+
+def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
+              order: int) -> tuple[Any, Any, unrecorded.Watch | None]:
+    """f's ``(y, vjp)``: y at stop(x); the VJP at stop(x) (order 1: what it closes over is stopped when it is
+    embedded), or at x (order 2, eagerly and under torch.func), watched where reverse mode may differentiate it
+    (``unrecorded``: a watch of what f computed without grad mode; else None). At order 2 f runs once where the
+    watch saw it read nothing else that requires grad (y detached is then y at stop(x)), else again at stop(x),
+    replaying the first call's draws. Compiled, and at order 2 under one torch.func derivative alone, the VJP at
+    stop(x) as at order 1."""
+    stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
+    # Compiled, the proof's graphs compute J from the arguments (``compiled_graphs.Registered``). Under a jvp, or a grad
+    # or vjp, transform alone (``eager_fast_path.forward_transforms_alone``, ``reverse_transforms_alone``: nothing under
+    # the wrappers requiring grad) no second derivative can be taken, and the VJP at stop(x) closes over what it closes
+    # over at x, in value (``mapped_zero`` gives that no derivative itself).
+    tensors = leaves.tensors()
+    if order == 1 or identity.compiling() or eager_fast_path.forward_transforms_alone(tensors) \
+            or eager_fast_path.reverse_transforms_alone(tensors):
+        return (*call_f(f, leaves.with_values(stopped), kwargs), None)
+    moving = [leaves.values[k] for k in leaves.differentiable]
+    reverse = any(x.requires_grad for x in moving)  # (the watch's lost tensors matter to reverse mode alone)
+    drawn = _random_states()
+    if reverse or any(unrecorded.moves(x) for x in moving):
+        followed = unrecorded.Watch(moving)
+        with followed:
+            y, vjp = call_f(f, leaves.with_values({}), kwargs)
+        watch = followed if reverse else None
+        if not followed.reads_outside:  # y depends on the arguments alone: its value at stop(x), no second call
+            return pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, y), vjp, watch
+    else:
+        watch, vjp = None, call_f(f, leaves.with_values({}), kwargs)[1]
+    _random_states(drawn)  # the second call draws what the first drew: y and the VJP's residuals agree
+    return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
+
+
+def _random_states(restored: Any = None) -> Any:
+    """The states of PyTorch's default generators (the CPU's, and each CUDA device's once CUDA is started), or,
+    given states, those set back. f runs twice at order 2: a sampler's value and the residuals its VJP reads
+    must be one draw, as where f runs once."""
+    if restored is not None:
+        cpu, cuda = restored
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        return None
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
