@@ -51,15 +51,15 @@ test: $(VENV)/.installed-test
 	$(MAKE) --no-print-directory -j2 lint docs
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest -n 2 --durations=25
 
-# Deliberately broken variants of the library (tests/mutants.py), each of which its tests must catch.
+# Deliberately broken variants of the library (tests/project/mutants.py), each of which its tests must catch.
 test-mutants: $(VENV)/.installed-test
-	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python tests/mutants.py
+	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python tests/project/mutants.py
 
 # Every TFP function that reaches its custom-gradient factory, on the library's decorator beside TFP as it is, in
 # tf.function and XLA, with second derivatives of one entry per composition of custom gradients (make test runs
 # the eager part, which this leaves out). STOPGRAD_TFP_SWEEP=every takes every entry's second derivative.
 test-tfp-sweep: $(VENV)/.installed-test
-	STOPGRAD_TFP_SWEEP=full TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest -n 2 -ra tests/test_tfp_sweep.py
+	STOPGRAD_TFP_SWEEP=full TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest -n 2 -ra tests/tensorflow/test_tfp_sweep.py
 
 # The same suite in an environment of the oldest versions setup.cfg allows; pip's cache is shared with .venv.
 $(OLDEST)/bin/python:
@@ -75,17 +75,18 @@ $(OLDEST)/.installed: $(OLDEST)/bin/python $(DEPS) $(OLDEST_PINS)
 # grad_fns, pipelines and compatibility tests run here), the notebooks but the one that runs only here (TFP's JAX
 # substrate; the others' numbers are checked in make test, and their API by the unit tests), the wheel's build,
 # the benchmark harnesses (their reports; every mode's exactness has tests of its own), and the program's banner.
-OLDEST_LEFT_OUT := tfp_sweep inside_tfp packaging benchmarks torch_benchmarks jax_benchmarks main
+OLDEST_LEFT_OUT := tensorflow/test_tfp_sweep tensorflow/test_inside_tfp project/test_packaging project/test_main \
+	tensorflow/test_benchmarks torch/test_benchmarks jax/test_benchmarks
 NOTEBOOKS_MAKE_TEST_RUNS := log1pexp known_gradients_in_tfp estimators log1pexp_on_torch
 # Here and in test-torch-newest: every test file, half of its test functions, and a fifth of each one's
 # parametrized cases (at least one) with 10 of hypothesis's 40 examples, each target from its own offset, so that
-# every PyTorch test function runs on one of the two torch versions (STOPGRAD_CASE_SAMPLE, tests/case_sample.py);
-# make test runs every case. (A tenth of the cases was measured no faster than a fifth: most tests have a case or
-# two. Half the functions keeps CI's run within its hour.)
+# every PyTorch test function runs on one of the two torch versions (STOPGRAD_CASE_SAMPLE, case_sample.py in
+# tests/project); make test runs every case. (A tenth of the cases was measured no faster than a fifth: most tests
+# have a case or two. Half the functions keeps CI's run within its hour.)
 test-oldest: $(OLDEST)/.installed
 	STOPGRAD_CASE_SAMPLE=5:0:2 TF_CPP_MIN_LOG_LEVEL=2 $(OLDEST)/bin/python -m pytest -n 2 --durations=25 \
-		$(foreach name,$(OLDEST_LEFT_OUT),--ignore=tests/test_$(name).py) \
-		$(foreach name,$(NOTEBOOKS_MAKE_TEST_RUNS),--deselect "tests/test_notebooks.py::test_notebook_runs[$(name)]")
+		$(foreach name,$(OLDEST_LEFT_OUT),--ignore=tests/$(name).py) \
+		$(foreach name,$(NOTEBOOKS_MAKE_TEST_RUNS),--deselect "tests/project/test_notebooks.py::test_notebook_runs[$(name)]")
 
 # The PyTorch namespace's tests on the newest torch setup.cfg allows, 2.14.1 (make test runs 2.13, test-oldest
 # 2.6): a CUDA build, which pip takes from the machine's wheels and which runs on the CPU (some 5 GB installed).
@@ -100,8 +101,8 @@ $(NEWEST_TORCH)/.installed: $(NEWEST_TORCH)/bin/python $(DEPS)
 
 # The benchmark harness's report is left out here too, as in test-oldest.
 test-torch-newest: $(NEWEST_TORCH)/.installed
-	STOPGRAD_CASE_SAMPLE=5:1:2 $(NEWEST_TORCH)/bin/python -m pytest -n 2 --durations=10 tests/test_existing_code_torch.py \
-		$(filter-out tests/test_torch_benchmarks.py,$(wildcard tests/test_torch_*.py))
+	STOPGRAD_CASE_SAMPLE=5:1:2 $(NEWEST_TORCH)/bin/python -m pytest -n 2 --durations=10 tests/torch \
+		--ignore=tests/torch/test_benchmarks.py
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py

@@ -1,12 +1,14 @@
-"""stopgrad_math: put a known gradient into a TensorFlow or JAX computation.
+"""stopgrad_math: put a known gradient into a TensorFlow, JAX, PyTorch or Keras 3 computation.
 
 One idea, the stop-gradient identity ``h = stop(f) + stop(g)·(x − stop(x))``,
 with value f and gradient g, built so that its value is exact and its
 derivative right in every mode the framework has. This namespace is
-TensorFlow's; ``stopgrad_math.jax`` has the same names for JAX.
+TensorFlow's (a drop-in for TFP's ``tfp.math.custom_gradient``);
+``stopgrad_math.jax``, ``stopgrad_math.torch`` and ``stopgrad_math.keras``
+(on each of Keras 3's backends) have the same names and semantics.
 
 TensorFlow is imported when a name is first used, not with the package, so
-that ``import stopgrad_math.jax`` works where TensorFlow is not installed.
+that the other namespaces work where TensorFlow is not installed.
 """
 
 from __future__ import annotations

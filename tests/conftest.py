@@ -1,4 +1,5 @@
-"""Shared test set-up: two logical CPUs, the hypothesis profile, the mode fixture."""
+"""Set-up every test process shares: two logical CPUs once TensorFlow is imported, the hypothesis profile, the
+sampled runs, the mutants. Each namespace's folder has its own fixtures and helpers beside its tests."""
 
 import os
 
@@ -9,49 +10,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # 67's CI ran past its 90 minutes at the end of make test-oldest, every test passed and the run not ended.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-import importlib.abc
-import importlib.util
-import sys
-
 import case_sample
-import pytest
+import logical_cpus  # noqa: F401  (two logical CPUs, as TensorFlow is imported)
 from hypothesis import HealthCheck, settings
-from mode_names import MODES
-
-
-def _two_logical_cpus(tf) -> None:
-    """MirroredStrategy tests need two devices; logical devices can only be set up before TensorFlow initialises
-    its runtime, so this happens as TensorFlow is imported."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-
-
-class _OnTensorFlowImport(importlib.abc.MetaPathFinder):
-    """Sets up the logical CPUs when a test first imports TensorFlow, rather than here: a process that runs only
-    PyTorch or JAX tests (a mutant's run, most of which is imports) does not pay TensorFlow's import."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "tensorflow":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        run_package = spec.loader.exec_module
-
-        def run_and_set_up(module) -> None:
-            run_package(module)
-            _two_logical_cpus(module)
-
-        spec.loader.exec_module = run_and_set_up
-        return spec
-
-
-if "tensorflow" in sys.modules:
-    _two_logical_cpus(sys.modules["tensorflow"])
-else:
-    sys.meta_path.insert(0, _OnTensorFlowImport())
-
 
 settings.register_profile(
     "project",
@@ -74,22 +35,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     items[:] = [item for item, k in zip(items, keep, strict=True) if k]
 
 
-if os.environ.get("STOPGRAD_MUTANT"):  # make test-mutants: one deliberately broken variant (tests/mutants.py)
+if os.environ.get("STOPGRAD_MUTANT"):  # make test-mutants: one deliberately broken variant (tests/project/mutants.py)
     import mutants
 
     mutants.apply(os.environ["STOPGRAD_MUTANT"])
-
-
-@pytest.fixture(params=MODES)
-def mode(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def float64():
-    """JAX with float64 (off by default), for this test only."""
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)

@@ -2,7 +2,7 @@
 
 Each name says why no public API does the job. All were checked against
 TensorFlow 2.18 and 2.21, the oldest and newest versions ``setup.cfg``
-allows: ``tests/test_tf_internal.py`` imports each one and checks what the
+allows: ``tests/tensorflow/test_tf_internal.py`` imports each one and checks what the
 library relies on, in ``make test`` and ``make test-oldest``.
 """
 

@@ -13,7 +13,7 @@ the slope carrier's square root's derivative at its argument k: 1 where g is fin
 not, so that an infinite g gives an infinite derivative of its sign and a NaN g a NaN one). The Function's
 forward is ``fx − 0.0``, the identity's last op; its backward computes the line above from the saved g.
 Compiled, it gives the compiled ordinary ops' bits over a grid of ±0, subnormal, huge, ±inf and NaN in x, g and the
-cotangent (``tests/test_torch_fast_path.py``), and one short kernel each way, the same for every layer.
+cotangent (``tests/torch/test_eager_fast_path.py``), and one short kernel each way, the same for every layer.
 
 Taken where ``torch.compile`` traces reverse mode alone: one leaf of x, elementwise, fx, gx and x plain tensors of
 one shape and dtype (float16, 32 or 64), x requiring grad in grad mode, no forward-mode level and no torch.func

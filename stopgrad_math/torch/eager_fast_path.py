@@ -13,7 +13,7 @@ carrier add: they set the sign of a zero result, and they are kept so that every
 payloads, rounding) is the identity's. These are four or five passes. The value is ``fx − 0.0``, the identity's
 last op.
 
-The fast path is taken only where the two are known to agree (``tests/test_torch_fast_path.py`` compares them
+The fast path is taken only where the two are known to agree (``tests/torch/test_eager_fast_path.py`` compares them
 bit for bit over a grid of ±0, subnormal, huge, ±inf and NaN cotangents and tangents, and in every mode): one
 leaf of x, elementwise, with fx, gx and x of one shape and one dtype (float16, 32 or 64), plain tensors, in reverse
 mode or in forward mode but not both, and plainly eager (``identity.plainly_eager``: no torch.func transform,
@@ -219,7 +219,7 @@ _OPS_OF_TANGENTS: dict[Any, str] = {
 live: ``first`` (the first operand; any other tensor operand constant), ``both`` (the first two: an add with a
 constant passes the tangent as it is, where the op would add the constant's +0.0 to a −0.0), ``either`` (exactly
 one of the first two, the other a constant or a number). Each row is checked over a grid of ±0, subnormal, huge,
-±inf and NaN values in ``tests/test_torch_fast_path.py``, a product's constant finite: where a NaN tangent meets a
+±inf and NaN values in ``tests/torch/test_eager_fast_path.py``, a product's constant finite: where a NaN tangent meets a
 NaN constant, forward mode may keep the other NaN's sign. The path never meets one: it is taken where J·v at
 v = +0.0 is finite, and each op here carries every element of a constant it multiplies or divides by into J·v
 (inf·0 and 0/0 are NaN)."""

@@ -1,0 +1,125 @@
+"""``stopgrad_math.jax.custom_vjp``: an existing ``jax.custom_vjp``'s fun, fwd and bwd, unchanged (issue 55), in
+the modes jax.custom_vjp lacks. JAX's own cases, side by side with jax.custom_vjp, are in
+tests/jax/test_custom_vjp_cases.py; here the truth is analytic, or jax.custom_vjp's reverse mode where it has one,
+or autodiff of a stable formula."""
+
+import functools
+import pathlib
+import re
+
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import custom_derivatives  # noqa: E402
+
+import stopgrad_math.jax as sgm  # noqa: E402
+
+
+def _log1pexp(make, **options):
+    """log(1 + eˣ), its fwd calling the function itself (as JAX's docs write one), its bwd g·σ(x)."""
+    f = make(lambda x: jnp.log1p(jnp.exp(x)), **options)
+    f.defvjp(lambda x: (f(x), x), lambda x, g: (g * jax.nn.sigmoid(x),))
+    return f
+
+
+XS = jnp.array([-3.0, 0.5, 30.0])
+
+
+def test_every_first_order_mode_gives_the_bwds_derivative_eagerly_under_jit_and_vmap():
+    ours = _log1pexp(sgm.custom_vjp)
+    want = np.asarray(jax.nn.sigmoid(XS))
+    for transform in (lambda g: g, jax.jit):
+        np.testing.assert_array_equal(transform(jax.vmap(jax.grad(ours)))(XS), want)
+        np.testing.assert_array_equal(transform(lambda x: jax.jvp(ours, (x,), (jnp.ones(3),))[1])(XS), want)
+        np.testing.assert_array_equal(np.diag(transform(jax.jacfwd(ours))(XS)), want)
+        np.testing.assert_array_equal(np.diag(transform(jax.jacrev(ours))(XS)), want)
+        np.testing.assert_array_equal(transform(lambda x: jax.linearize(ours, x)[1](jnp.ones(3)))(XS), want)
+    theirs = _log1pexp(jax.custom_vjp)
+    np.testing.assert_array_equal(jax.vmap(jax.grad(ours))(XS), jax.vmap(jax.grad(theirs))(XS))
+
+
+def test_a_hessian_is_exact_by_default_and_raises_at_order_1_naming_order_2():
+    """σ′(x) = σ(x)(1 − σ(x)): the derivative of the bwd, as jax.custom_vjp's grad of grad gives it (issue 55: the
+    class defaults to order=2, as jax.custom_vjp is differentiable twice)."""
+    with pytest.raises(LookupError, match=r"order=2"):
+        jax.hessian(_log1pexp(sgm.custom_vjp, order=1))(0.5)
+    sigmoid = jax.nn.sigmoid(XS)
+    want = np.asarray(sigmoid * (1 - sigmoid))
+    ours, theirs = _log1pexp(sgm.custom_vjp), _log1pexp(jax.custom_vjp)
+    np.testing.assert_allclose(jax.vmap(jax.hessian(ours))(XS), want, rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(jax.grad(jax.grad(theirs)))(XS), want, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.jacfwd(jax.grad(ours))))(XS), want, rtol=1e-6)
+
+
+def test_nondiff_argnames_and_a_keyword_argument_are_placed_by_the_signature():
+    @functools.partial(sgm.custom_vjp, nondiff_argnames=("power",))
+    def powered(x, power=3):
+        return x**power
+
+    powered.defvjp(lambda x, power: (x**power, x), lambda power, x, g: (g * power * x ** (power - 1),))
+    assert float(jax.jvp(lambda x: powered(x, power=2), (3.0,), (1.0,))[1]) == 6.0
+    assert float(jax.grad(powered)(2.0)) == 12.0
+
+
+def test_a_method_takes_its_instance_as_a_non_differentiated_argument():
+    class Scaler:
+        def __init__(self, scale):
+            self.scale = scale
+
+        @functools.partial(sgm.custom_vjp, nondiff_argnums=(0,))
+        def __call__(self, x):
+            return self.scale * x
+
+    Scaler.__call__.defvjp(lambda self, x: (self.scale * x, None), lambda self, _, g: (2 * self.scale * g,))
+    assert float(jax.jvp(Scaler(3.0), (1.0,), (1.0,))[1]) == 6.0  # the bwd's 2·scale, not autodiff's scale
+
+
+def test_symbolic_zeros_gives_fwd_perturbed_primals_and_bwd_dense_cotangents():
+    seen = []
+
+    def fwd(x, y):
+        seen.append((type(x), x.perturbed, type(y)))
+        return x.value * y.value, (x.value, y.value)
+
+    def bwd(residuals, g):
+        assert not isinstance(g, custom_derivatives.SymbolicZero)
+        x, y = residuals
+        return g * y, g * x
+
+    ours = sgm.custom_vjp(lambda x, y: x * y)
+    ours.defvjp(fwd, bwd, symbolic_zeros=True)
+    assert float(jax.jvp(lambda x: ours(x, 5.0), (2.0,), (1.0,))[1]) == 5.0
+    assert jax.grad(ours, argnums=(0, 1))(2.0, 5.0) == (5.0, 2.0)
+    assert all(t is custom_derivatives.CustomVJPPrimal and perturbed for t, perturbed, _ in seen)
+
+
+def test_a_custom_jvp_inside_fun_is_not_preferred_in_any_mode():
+    """Decided (docs/existing_code.md): the bwd defines every mode. fun is a custom_jvp whose rule says 10; the
+    bwd says 2: grad, jvp and jacfwd all give 2 (jax.custom_vjp's grad gives 2 as well, and has no jvp)."""
+    inner = jax.custom_jvp(lambda x: 2.0 * x)
+    inner.defjvp(lambda primals, tangents: (inner(primals[0]), 10.0 * tangents[0]))
+    ours, theirs = sgm.custom_vjp(inner), jax.custom_vjp(inner)
+    for f in (ours, theirs):
+        f.defvjp(lambda x: (inner(x), None), lambda _, g: (2.0 * g,))
+    assert float(jax.grad(ours)(1.0)) == float(jax.grad(theirs)(1.0)) == 2.0
+    assert float(jax.jvp(ours, (1.0,), (1.0,))[1]) == float(jax.jacfwd(ours)(1.0)) == 2.0
+
+
+def test_a_call_that_asks_no_derivative_runs_whatever_the_bwd():
+    """A bwd that clips its cotangent: a plain call, under jit and vmap, gives fun's value (JAX's own
+    clip_gradient example), as jax.custom_vjp does."""
+    clip = sgm.custom_vjp(lambda lo, hi, x: x)
+    clip.defvjp(lambda lo, hi, x: (x, (lo, hi)), lambda r, g: (None, None, jnp.clip(g, *r)))
+    assert float(clip(-1.0, 1.0, 3.0)) == 3.0
+    np.testing.assert_array_equal(jax.jit(jax.vmap(lambda x: clip(-1.0, 1.0, x)))(XS), XS)
+
+
+def test_the_docs_example_runs_and_gives_the_bwds_derivative():
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "existing_code.md").read_text()
+    namespace = {}
+    exec(re.findall(r"```python\n(.*?)```", text.split("## JAX")[1], re.S)[0], namespace)
+    f = namespace["log1pexp"]
+    np.testing.assert_allclose(jax.jvp(f, (3.0,), (1.0,))[1], jax.nn.sigmoid(3.0), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(f)))(XS), jax.nn.sigmoid(XS), rtol=1e-6)

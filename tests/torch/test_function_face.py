@@ -1,0 +1,376 @@
+"""``stopgrad_math.torch.Function``: an existing torch.autograd.Function, ported by changing its base class (issue
+55). Each class below is run as PyTorch runs it and as the port, side by side; the truth is PyTorch's own result
+where its mechanism has one (reverse mode, the double backward), and for the modes it lacks the Function's own
+reverse-mode Jacobian, or an analytic derivative. The cases restated from PyTorch's suites are in
+tests/torch/test_function_api_cases.py, and the real-world classes in tests/torch/test_ported_functions.py."""
+
+import math
+import pathlib
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.autograd.forward_ad as forward_ad  # noqa: E402
+from function_shim import ported  # noqa: E402
+from torch.autograd.function import once_differentiable  # noqa: E402
+from torch_modes import fresh_compilation  # noqa: E402
+
+import stopgrad_math.torch as sgm  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    fresh_compilation(monkeypatch)
+
+
+# ---------------------------------------------------------------- ctx.needs_input_grad, as PyTorch sets it
+
+
+class RecordsNeeds(torch.autograd.Function):
+    """y = x·w + b, its backward recording ctx.needs_input_grad and guarding each gradient by it."""
+
+    seen = []  # noqa: RUF012 (the records of one test)
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        return x * w + b
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        RecordsNeeds.seen.append(tuple(ctx.needs_input_grad))
+        return (grad * w if ctx.needs_input_grad[0] else None, grad * x if ctx.needs_input_grad[1] else None,
+                grad if ctx.needs_input_grad[2] else None)
+
+
+@pytest.mark.parametrize("requiring", [(True, False, False), (False, True, True), (True, True, False),
+                                       (False, False, True)], ids=str)
+def test_needs_input_grad_is_true_exactly_where_the_callers_argument_requires_grad(requiring):
+    """As PyTorch sets it: recorded in the backward of the Function and of the port, which must agree, and so
+    must the gradients the guards let through. (A port that said True everywhere would record more.)"""
+    seen, grads = [], []
+    for function in (RecordsNeeds, ported(RecordsNeeds)):
+        args = [torch.tensor([1.5, -2.0], requires_grad=r) for r in requiring]
+        RecordsNeeds.seen = []
+        function.apply(*args).sum().backward()
+        seen.append(RecordsNeeds.seen)
+        grads.append([a.grad for a in args])
+    assert seen[0] == seen[1] == [requiring]
+    for theirs, ours in zip(*grads, strict=True):
+        assert (theirs is None and ours is None) or torch.equal(theirs, ours)
+
+
+def test_in_forward_mode_needs_input_grad_is_true_where_an_argument_has_a_tangent():
+    """Forward mode is the backward's transpose here, so an argument with a tangent needs its gradient: the
+    tangent of y is w·ẋ alone, x's being the only tangent."""
+    RecordsNeeds.seen = []
+    x, w, b = torch.tensor([1.5, -2.0]), torch.tensor([3.0, 4.0]), torch.tensor([0.5, 0.5])
+    with forward_ad.dual_level():
+        y = ported(RecordsNeeds).apply(forward_ad.make_dual(x, torch.ones(2)), w, b)
+        tangent = forward_ad.unpack_dual(y).tangent
+    assert RecordsNeeds.seen[-1] == (True, False, False)
+    assert torch.equal(tangent, w)
+
+
+# ---------------------------------------------------------------- the API a Function is written in
+
+
+class Scaled(torch.autograd.Function):
+    """forward(x, scale=2.0) with setup_context; a Python number argument; extra trailing None gradients."""
+
+    @staticmethod
+    def forward(x, scale=2.0):
+        return x * scale
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.scale = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None, None, None
+
+
+def test_apply_binds_keywords_and_defaults_as_pytorch_does_and_takes_trailing_none_gradients():
+    ours = ported(Scaled)
+    x = torch.tensor([1.0, -3.0])
+    for args, kwargs, scale in [((x,), {}, 2.0), ((x, 5.0), {}, 5.0), ((x,), {"scale": 7.0}, 7.0)]:
+        torch.testing.assert_close(ours.apply(*args, **kwargs), x * scale, rtol=0, atol=0)
+        jacobian = torch.func.jacfwd(lambda x, rest=args[1:], kwargs=kwargs: ours.apply(x, *rest, **kwargs))(x)
+        torch.testing.assert_close(jacobian, scale * torch.eye(2), rtol=0, atol=0)
+
+
+class TooFewGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        return x * y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def test_a_backward_with_too_few_gradients_raises_as_pytorch_does():
+    for function in (TooFewGradients, ported(TooFewGradients)):
+        with pytest.raises(RuntimeError, match="incorrect number of gradients"):
+            function.apply(torch.ones(2, requires_grad=True), torch.ones(2)).sum().backward()
+
+
+class TopK(torch.autograd.Function):
+    """Values and integer indices; the indices marked non-differentiable; backward(ctx, grad_values, grad_indices)."""
+
+    @staticmethod
+    def forward(ctx, x, k):
+        values, indices = x.topk(k)
+        ctx.mark_non_differentiable(indices)
+        ctx.save_for_backward(indices)
+        ctx.size = x.shape[-1]
+        return values, indices
+
+    @staticmethod
+    def backward(ctx, grad_values, grad_indices):
+        (indices,) = ctx.saved_tensors
+        return torch.zeros((*grad_values.shape[:-1], ctx.size), dtype=grad_values.dtype).scatter(
+            -1, indices, grad_values), None
+
+
+X = torch.tensor([[0.3, -1.2, 2.0, 0.7], [1.5, -0.4, 0.1, 0.9]], dtype=torch.float64)
+
+
+def test_two_outputs_one_marked_non_differentiable_in_every_mode():
+    ours = ported(TopK)
+    _, indices = ours.apply(X, 2)
+    assert not indices.requires_grad and indices.dtype == torch.int64
+    want = torch.autograd.functional.jacobian(lambda x: TopK.apply(x, 2)[0], X)
+    torch.testing.assert_close(torch.func.jacrev(lambda x: ours.apply(x, 2)[0])(X), want, rtol=0, atol=0)
+    torch.testing.assert_close(torch.func.jacfwd(lambda x: ours.apply(x, 2)[0])(X), want, rtol=0, atol=0)
+    weights = torch.tensor([3.0, 5.0], dtype=torch.float64)
+    per_row = torch.func.vmap(torch.func.grad(lambda r: (ours.apply(r, 2)[0] * weights).sum()))(X)
+    for row, got in zip(X, per_row, strict=True):  # per-sample gradients: the Function's, row by row
+        row = row.clone().requires_grad_()
+        (TopK.apply(row, 2)[0] * weights).sum().backward()
+        assert torch.equal(got, row.grad)
+
+
+class Exp2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y
+
+
+class ExpOnce(Exp2):
+    backward = staticmethod(once_differentiable(Exp2.backward))
+
+
+def test_a_once_differentiable_backward_gives_first_derivatives_in_every_mode_and_refuses_a_second():
+    """First derivatives: the backward's, in reverse and forward mode. A second: PyTorch raises (the backward is
+    marked), and so does the port at order 1 (naming order=2), never a silent number."""
+    ours, x = ported(ExpOnce), torch.tensor([0.5, -1.0], dtype=torch.float64)
+    torch.testing.assert_close(torch.func.jacfwd(ours.apply)(x), torch.diag(x.exp()), rtol=0, atol=0)
+    torch.testing.assert_close(torch.func.grad(lambda x: ours.apply(x).sum())(x), x.exp(), rtol=0, atol=0)
+    for function, error in ((ExpOnce, RuntimeError), (ours, LookupError)):
+        moving = x.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(function.apply(moving).sum(), moving, create_graph=True)
+        with pytest.raises(error):
+            grad.sum().backward()
+
+
+def test_a_subclass_gives_the_double_backward_by_default_and_runs_forward_once():
+    """Issue 55: second derivatives as PyTorch gives them, by default (the class's order is 2), with forward run
+    once per call, as the Function runs it (a forward that counts its calls)."""
+    calls = []
+
+    class CountedExp(sgm.Function):  # Exp2's body, on the library's class with no order given
+        @staticmethod
+        def forward(ctx, x):
+            calls.append(1)
+            return Exp2.forward(ctx, x)
+
+        backward = staticmethod(Exp2.backward)
+
+    x = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(CountedExp.apply(x).sum(), x, create_graph=True)
+    assert len(calls) == 1
+    torch.testing.assert_close(torch.autograd.grad(grad.sum(), x)[0], x.detach().exp(), rtol=1e-15, atol=0)
+    hessian = torch.func.hessian(lambda x: CountedExp.apply(x).sum())(x.detach())
+    torch.testing.assert_close(hessian, torch.diag(x.detach().exp()), rtol=1e-15, atol=0)
+
+
+def test_order_2_gives_the_functions_double_backward_where_its_backward_is_differentiable():
+    """d²/dx² of exp through its backward dy·y: PyTorch's double backward and the port at order=2 give exp(x)."""
+    ours = ported(Exp2, order=2)
+    x = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(Exp2.apply(x).sum(), x, create_graph=True)
+    (theirs,) = torch.autograd.grad(grad.sum(), x)
+    torch.testing.assert_close(theirs, x.exp(), rtol=0, atol=0)
+    for second in (torch.func.hessian(lambda x: ours.apply(x).sum())(x.detach()).diagonal(),
+                   torch.autograd.grad(torch.autograd.grad(ours.apply(x).sum(), x, create_graph=True)[0].sum(),
+                                       x)[0]):
+        torch.testing.assert_close(second, x.detach().exp(), rtol=1e-15, atol=0)
+
+
+def test_a_class_defining_its_own_jvp_or_vmap_is_refused_at_definition_naming_it():
+    """The backward defines every mode here: a jvp of its own could disagree with it in forward mode alone."""
+    for method in ("jvp", "vmap"):
+        with pytest.raises(TypeError, match=f"defines its own {method}"):
+            type("WithRule", (sgm.Function,), {"forward": staticmethod(lambda ctx, x: x),
+                                               "backward": staticmethod(lambda ctx, g: g),
+                                               method: staticmethod(lambda *a: a)})
+
+
+def test_generate_vmap_rule_is_accepted_and_vmap_is_the_backwards():
+    class Cube(sgm.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return x**3
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0])
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return 3 * x**2 * grad
+
+    x = torch.tensor([1.0, -2.0, 0.5])
+    torch.testing.assert_close(torch.func.vmap(torch.func.grad(Cube.apply))(x), 3 * x**2, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- the fall-back: torch.autograd.Function itself
+
+
+class ClipGradient(torch.autograd.Function):
+    """A backward that clips its cotangent: not linear in it."""
+
+    @staticmethod
+    def forward(x, bound):
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.bound = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.clamp(-ctx.bound, ctx.bound), None
+
+
+class ReadsItsCotangent(torch.autograd.Function):
+    """A backward that reads its cotangent's value in Python."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2 if grad.sum().item() > 0 else grad * 3
+
+
+WEIGHTS = torch.tensor([5.0, -0.25, 3.0], dtype=torch.float64)
+
+
+def _reverse(apply, *rest):
+    x = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64, requires_grad=True)
+    (apply(x, *rest) * WEIGHTS).sum().backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("case", ["clip", "reads its cotangent"])
+def test_a_backward_that_cannot_be_embedded_is_the_functions_to_the_bit_and_forward_mode_names_why(case):
+    function, rest, why = {"clip": (ClipGradient, (1.0,), "clamp"),
+                           "reads its cotangent": (ReadsItsCotangent, (), "cannot be traced")}[case]
+    ours = ported(function)
+    for _ in range(2):  # the second call takes the remembered fall-back
+        assert torch.equal(_reverse(ours.apply, *rest), _reverse(function.apply, *rest))
+    route = ours.route(torch.ones(3), *rest)
+    assert not route.embedded and why in route.reason
+    with forward_ad.dual_level(), pytest.raises(RuntimeError, match=f"{function.__name__}: forward mode.*{why}"):
+        ours.apply(forward_ad.make_dual(torch.ones(3), torch.ones(3)), *rest)
+    with pytest.raises(RuntimeError, match=why):
+        torch.func.jvp(lambda x: ours.apply(x, *rest), (torch.ones(3),), (torch.ones(3),))
+
+
+def test_under_torch_compile_a_clipping_backward_is_the_compiled_functions():
+    ours = ported(ClipGradient)
+    got = _reverse(torch.compile(lambda x: ours.apply(x, 1.0), fullgraph=True))
+    assert torch.equal(got, _reverse(torch.compile(lambda x: ClipGradient.apply(x, 1.0), fullgraph=True)))
+    assert torch.equal(got, WEIGHTS.clamp(-1.0, 1.0))
+
+
+def test_under_vmap_a_clipping_backward_with_setup_context_gets_per_sample_gradients():
+    """generate_vmap_rule on the fall-back: vmap of forward and backward, as PyTorch derives it."""
+    xs = torch.tensor([[0.3, -1.2, 2.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    got = torch.func.vmap(torch.func.grad(lambda x: (ported(ClipGradient).apply(x, 1.0) * WEIGHTS).sum()))(xs)
+    assert torch.equal(got, WEIGHTS.clamp(-1.0, 1.0).expand(2, 3))
+
+
+def test_a_call_that_asks_no_derivative_runs_forward_alone_whatever_the_backward():
+    assert torch.equal(ported(ClipGradient).apply(torch.ones(2), 1.0), torch.ones(2))
+    with torch.no_grad():
+        assert torch.equal(ported(ReadsItsCotangent).apply(torch.ones(2, requires_grad=True)), 2 * torch.ones(2))
+
+
+def test_the_route_of_a_linear_backward_is_embedded():
+    assert ported(Exp2).route(torch.ones(2)).embedded and ported(Exp2).route(torch.ones(2)).reason == ""
+    assert math.isclose(float(torch.func.jvp(ported(Exp2).apply, (torch.zeros(()),), (torch.ones(()),))[1]), 1.0)
+
+
+def test_the_docs_example_runs_and_gives_the_backwards_derivatives_in_every_mode_it_shows():
+    """docs/existing_code.md's PyTorch example, run as written: its jacfwd (eager and compiled) is the Jacobian of
+    x ↦ x·wᵀ, and its per-sample gradient of w for row i is that row, once per output."""
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "existing_code.md").read_text()
+    namespace = {}
+    exec(re.findall(r"```python\n(.*?)```", text.split("## PyTorch")[1], re.S)[0], namespace)
+    linear, x, w = namespace["Linear"].apply, namespace["x"], namespace["w"]
+    want = torch.einsum("ij,kl->ikjl", torch.eye(4), w)  # d(x wᵀ)[i, k] / dx[j, l] = δij·w[k, l]
+    torch.testing.assert_close(torch.func.jacfwd(linear)(x, w), want, rtol=0, atol=0)
+    torch.testing.assert_close(torch.compile(torch.func.jacfwd(linear), fullgraph=True)(x, w), want)
+    per_sample = torch.func.vmap(torch.func.grad(namespace["loss"]), in_dims=(None, 0))(w, x)
+    torch.testing.assert_close(per_sample, x[:, None, :].expand(4, 2, 3), rtol=0, atol=0)
+
+
+def test_the_readmes_example_runs_as_written():
+    pytest.importorskip("jax")
+    text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    namespace = {}
+    exec(re.findall(r"```python\n(.*?)```", text.split("## Bring your existing code")[1], re.S)[0], namespace)
+    assert torch.equal(torch.func.jacfwd(namespace["Exp"].apply)(torch.zeros(2)), torch.eye(2))
+    assert tuple(float(v) for v in namespace["jax"].jvp(namespace["softplus"], (100.0,), (1.0,))) == (100.0, 1.0)
+
+
+def test_a_backward_raising_its_own_exception_falls_back_and_raises_it_in_the_backward_pass():
+    """Issue 56's exceptions, on the class: a backward that raises an exception of its own (not supported for this
+    input) is PyTorch's to run: the call gives forward's value, the backward pass raises the same exception, as the
+    Function's does, and route says why."""
+    class Unsupported(Exception):
+        pass
+
+    class NoGradient(sgm.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise Unsupported("no gradient for this input")
+
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    route = NoGradient.route(x)
+    assert not route.embedded and "Unsupported" in route.reason
+    y = NoGradient.apply(x)
+    torch.testing.assert_close(y.detach(), torch.tensor([2.0, 4.0]))
+    with pytest.raises(Unsupported, match="no gradient for this input"):
+        y.sum().backward()
