@@ -243,8 +243,8 @@ _AS_BACKWARD = "tests/torch/test_vjp_as_backward.py"
 def _differentiates_the_vjp_as_written(original):
     """The decorator's J·v from autodiff of the Python VJP, not from the map traced as a backward runs: a VJP
     under no_grad is embedded without its derivative (a silent 0)."""
-    def proven(cotangents, vjp, examples, order):
-        kept, _, closed_over, _ = original(cotangents, vjp, examples, order)
+    def proven(cotangents, vjp, order):
+        kept, _, closed_over, _ = original(cotangents, vjp, order)
         return kept, cotangents.of(vjp, kept), closed_over, None
     return proven
 
