@@ -118,7 +118,8 @@ def _never_checks(original):
 
 def _proves_nothing_while_compiling(original):
     """Every differentiable argument leaf taken for linear under torch.compile, unproven."""
-    return lambda f, leaves, kwargs, outputs, names, order, **options: (list(leaves.differentiable), None, None)
+    return lambda f, leaves, kwargs, outputs, names, order, **options: (list(leaves.differentiable), None, None,
+                                                                        False)
 
 
 def _relu_backward_linear_in_its_input(original):
@@ -304,8 +305,8 @@ def _dual_of_the_map_alone(original):
     import torch
     import torch.autograd.forward_ad as forward_ad
 
-    def dual_of_map(ys, xs, transposed):
-        if original(ys, xs, transposed) is None:
+    def dual_of_map(ys, xs, transposed, factor=None, linked=True):
+        if original(ys, xs, transposed, factor, linked) is None:
             return None
         tangents = transposed(*[forward_ad.unpack_dual(x).tangent for x in xs])
         return [forward_ad.make_dual(torch.sub(y, 0.0), t) for y, t in zip(ys, tangents, strict=True)]
