@@ -1,10 +1,26 @@
 """Helpers shared by the test modules: execution modes and derivative probes."""
 
+import importlib.util
+import pathlib
+import sys
+
 import ml_dtypes
 import numpy as np
 import tensorflow as tf
 from bit_patterns import bits
 from mode_names import MODES  # noqa: F401  (the tests import it from here)
+
+
+def sibling(name: str):
+    """A test module of this folder, by its file: jax/ and torch/ hold test modules of the same names, so a bare
+    ``import test_decorator_form`` would depend on the order of the folders on the path."""
+    qualified = f"sibling_{name}"
+    if qualified not in sys.modules:
+        spec = importlib.util.spec_from_file_location(qualified, pathlib.Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[qualified] = module
+        spec.loader.exec_module(module)
+    return sys.modules[qualified]
 
 
 def float32_exact(values) -> list[float]:

@@ -7,8 +7,7 @@ must be reported as differing.
 
 import pytest
 import tensorflow as tf
-import test_decorator_form as deco
-import test_identity_form as emb
+from helpers import sibling
 
 from stopgrad_math import (
     check_gradient,
@@ -18,6 +17,9 @@ from stopgrad_math import (
     scale_gradient,
     straight_through,
 )
+
+deco = sibling("test_decorator_form")
+emb = sibling("test_identity_form")
 
 X = tf.constant([-2.0, 0.3, 1.5])
 

@@ -5,9 +5,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 import tf_keras
-from test_decorator_form import CustomDense
+from helpers import sibling
 
 from stopgrad_math import custom_gradient
+
+CustomDense = sibling("test_decorator_form").CustomDense
 
 tfd = tfp.distributions
 

@@ -395,7 +395,7 @@ def test_compiled_the_value_and_gradient_are_the_eager_decorators_over_the_grid(
     and the gradient the eager one up to rounding (torch 2.6 divides by a constant as a product by its
     reciprocal) and a NaN's sign (where a VJP adds two NaN terms, its kernel may keep the other's), with inf and
     NaN where eager has them. Each against the analytic gradient where every value is finite."""
-    from test_torch_fast_path import _product_cases, _value_and_gradient, corners, same_bits
+    from test_eager_fast_path import _product_cases, _value_and_gradient, corners, same_bits
 
     every = corners(dtype, False)
     x, w, cotangent = (t.reshape(-1).contiguous() for t in torch.meshgrid(every, every, every, indexing="ij"))
