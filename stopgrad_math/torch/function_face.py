@@ -286,10 +286,10 @@ def _fallen_back(cls: type[Function], args: tuple[Any, ...], route: Route) -> An
     if identity.compiling():
         if second_derivative_guard.in_transform():
             refusals.refuse(f"{cls.__name__} would run as a torch.autograd.Function here, since stopgrad_math "
-                                  f"cannot embed its backward ({route.reason}), and under torch.compile PyTorch "
-                                  "differentiates a Function's forward inside a torch.func transform, dropping its "
-                                  "backward without a word (pytorch#193279, on torch 2.6 to 2.14): call the "
-                                  "transform outside the compiled function, or make the backward embeddable.")
+                            f"cannot embed its backward ({route.reason}), and under torch.compile PyTorch "
+                            "differentiates a Function's forward inside a torch.func transform, dropping its "
+                            "backward without a word (pytorch#193279, on torch 2.6 to 2.14): call the "
+                            "transform outside the compiled function, or make the backward embeddable.")
         return compiled.apply(*args)  # type: ignore[no-untyped-call]
     if second_derivative_guard.in_transform() and not _has_setup_context(cls):
         raise RuntimeError(f"{cls.__name__} runs as a torch.autograd.Function here, since stopgrad_math cannot embed "
