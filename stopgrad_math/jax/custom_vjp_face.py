@@ -79,6 +79,8 @@ class custom_vjp:
         args = self._resolved(args, kwargs)
         if self._in_fwd.depth:  # fwd computing the output by a call of the function itself, as JAX's docs write
             return self.fun(*args)
+        if not decorator_form.differentiating(args, {}):  # eagerly on concrete values: fun alone, as JAX runs it
+            return self.fun(*args)
         reasons: list[str] = []
         try:
             return self._decorated(args, reasons)

@@ -251,6 +251,8 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     if not leaves.differentiable:
         return call_f(f, args, kwargs)[0]
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
+    if not differentiating(args, kwargs):  # y as every order computes it, at stop(x); the VJP is never traced
+        return call_f(f, leaves.with_values(stopped), kwargs)[0]
     y, vjp = call_f(f, leaves.with_values({} if order == 2 else stopped), kwargs)
     if order == 2:  # the VJP's residuals move with x; y is f's value at stop(x), with what f closes over live
         y = call_f(f, leaves.with_values(stopped), kwargs)[0]
@@ -270,6 +272,14 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         attached = [second_derivative_guard.refused(outputs.values[k], watched, type(error), str(error))
                     for k in outputs.differentiable]
     return outputs.with_values(dict(zip(outputs.differentiable, attached, strict=True)))
+
+
+def differentiating(args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a derivative of a call on these arguments can be taken. A JAX transform makes each argument it
+    differentiates a tracer (and ``jit`` every argument), so a call on concrete values alone, eagerly, is never
+    differentiated: it gives f's value without tracing its VJP, as ``jax.custom_vjp`` runs ``fun`` alone. (What
+    f closes over keeps its own autodiff, as y at stop(x) keeps it in every call.)"""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves((args, kwargs)))
 
 
 @dataclasses.dataclass(frozen=True)

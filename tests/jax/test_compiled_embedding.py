@@ -55,6 +55,25 @@ def test_a_known_signature_traces_nothing_and_reads_this_calls_arrays(traces):
     assert len(traces) == 1  # the jvp's signature is the same call's: no trace of its own
 
 
+@pytest.mark.parametrize("order", [1, 2])
+def test_a_plain_eager_call_runs_f_once_and_traces_no_vjp(traces, order):
+    """Issue 75: eagerly, on concrete arrays, no derivative of the call can be asked (a JAX transform makes what it
+    differentiates a tracer): at both orders f runs once and its VJP is never traced or called, and the value is
+    f's own, bit for bit."""
+    calls = []
+
+    def f(x, a):
+        calls.append(1)
+
+        def vjp(ct):
+            raise AssertionError("a plain call traced the vjp")
+        return a * jnp.sin(x), vjp
+
+    y = sgm.custom_gradient(f, order=order)(X1, jnp.array(2.0))
+    np.testing.assert_array_equal(y, jnp.array(2.0) * jnp.sin(X1))
+    assert len(calls) == 1 and traces == []
+
+
 def _closing_over(scale):
     @sgm.custom_gradient
     def f(x):

@@ -116,6 +116,33 @@ def test_a_call_that_asks_no_derivative_runs_whatever_the_bwd():
     np.testing.assert_array_equal(jax.jit(jax.vmap(lambda x: clip(-1.0, 1.0, x)))(XS), XS)
 
 
+def test_a_plain_eager_call_runs_fun_alone_as_jax_custom_vjp_does():
+    """Issue 75: eagerly, on concrete values, no derivative of the call can be asked, and jax.custom_vjp runs fun
+    alone, neither fwd nor bwd; so does ours, at fun's cost, with fun's value where fwd's output differs from it
+    (here on purpose) and a bwd that raises never reached."""
+    ran = []
+
+    def fun(x):
+        ran.append("fun")
+        return x + 1.0
+
+    def fwd(x):
+        ran.append("fwd")
+        return x + 2.0, x
+
+    def bwd(x, g):
+        raise AssertionError("a plain call ran the bwd")
+
+    ours, theirs = sgm.custom_vjp(fun), jax.custom_vjp(fun)
+    for f in (ours, theirs):
+        f.defvjp(fwd, bwd)
+    mine = ours(XS)
+    assert ran == ["fun"]
+    np.testing.assert_array_equal(mine, theirs(XS))
+    np.testing.assert_array_equal(mine, np.asarray(XS) + np.float32(1.0))
+    assert ran == ["fun", "fun"]
+
+
 def test_the_docs_example_runs_and_gives_the_bwds_derivative():
     text = (pathlib.Path(__file__).parents[2] / "docs" / "existing_code.md").read_text()
     namespace = {}

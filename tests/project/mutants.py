@@ -271,6 +271,12 @@ def _outside_tensors_read_once(original):
     return reader
 
 
+def _always_differentiating(original):
+    """The JAX decorator taking every call for one a derivative may be taken of (issue 75): an eager call on
+    concrete values runs fwd, and traces and proves its VJP, where jax.custom_vjp runs fun alone."""
+    return lambda args, kwargs: True
+
+
 def _embedding_keeps_f(original):
     """The JAX decorator's compiled embedding built from the call with f itself in it: the cache keeps f, and so
     the arrays it closes over, alive."""
@@ -967,6 +973,10 @@ MUTANTS = {
         "stopgrad_math.torch.compiled_proof", "_module_members", _no_members,
         ("tests/torch/test_checkpointing.py::test_a_recomputed_block_is_exact_compiled_in_both_modes["
          "linear-torch.autograd.grad]",)),
+    "the JAX decorator embeds a call that nothing can differentiate": Mutant(
+        "stopgrad_math.jax.decorator_form", "differentiating", _always_differentiating,
+        ("tests/jax/test_compiled_embedding.py::test_a_plain_eager_call_runs_f_once_and_traces_no_vjp",
+         "tests/jax/test_custom_vjp_face.py::test_a_plain_eager_call_runs_fun_alone_as_jax_custom_vjp_does")),
     "the JAX compiled embedding keeps what f closes over alive": Mutant(
         "stopgrad_math.jax.decorator_form", "_Call", _embedding_keeps_f,
         ("tests/jax/test_compiled_embedding.py::test_a_compiled_embedding_keeps_no_array_f_or_its_vjp_closes_over",)),
