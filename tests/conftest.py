@@ -38,4 +38,4 @@ def pytest_collection_modifyitems(config, items) -> None:
 if os.environ.get("STOPGRAD_MUTANT"):  # make test-mutants: one deliberately broken variant (tests/project/mutants.py)
     import mutants
 
-    mutants.apply(os.environ["STOPGRAD_MUTANT"])
+    mutants.apply_the_one_named()

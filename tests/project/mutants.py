@@ -1005,6 +1005,13 @@ def apply(name: str) -> None:
     setattr(module, mutant.name, mutant.broken(getattr(module, mutant.name)))
 
 
+def apply_the_one_named() -> None:
+    """The mutant ``STOPGRAD_MUTANT`` names, where it names one: conftest.py applies it in each test process, and a
+    script a test runs in a process of its own applies it there too (tfp_distributed_cases.py)."""
+    if os.environ.get(ENVIRONMENT):
+        apply(os.environ[ENVIRONMENT])
+
+
 # What every mutant's run imports, imported once in the runner before it forks a child per mutant: most of a
 # run's time was these imports. Not TensorFlow, whose runtime starts threads that a fork does not copy; nothing
 # here starts a thread or a framework's runtime (JAX's backend starts at its first array). Inductor compiles in

@@ -210,7 +210,7 @@ def _collective_cases(mode, tmp_path):
 
     tests = pathlib.Path(__file__).parent
     out = tmp_path / f"{mode}.json"
-    path = os.pathsep.join([str(tests), str(tests.parents[1] / "benchmarks")])
+    path = os.pathsep.join([str(tests), str(tests.parent / "project"), str(tests.parents[1] / "benchmarks")])
     result = subprocess.run([sys.executable, str(tests / "tfp_distributed_cases.py"), mode, str(out)],
                             capture_output=True, text=True, cwd=tests, env={**os.environ, "PYTHONPATH": path},
                             check=False, timeout=600)

@@ -21,12 +21,14 @@ from collections.abc import Callable
 from typing import Any
 
 import logical_cpus  # noqa: F401  (two logical CPUs)
+import mutants
 import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 from tensorflow_probability.python.internal import distribute_lib
 from tfp_patch import on_the_library
 
+mutants.apply_the_one_named()  # under make test-mutants, the one its test runs under: this process is the test's
 tfd = tfp.distributions
 REPLICAS = 2
 AXIS = "i"
