@@ -56,6 +56,14 @@ def gradient_possible(tensors: list[tf.Tensor]) -> bool:
     return bool(kind != _gradients_util.POSSIBLE_GRADIENT_TYPES_NONE)
 
 
+def one_tape_alone(tensors: list[tf.Tensor]) -> bool:
+    """Whether exactly one GradientTape watches these tensors, not a persistent one, and no forward accumulator:
+    then only that tape can ask for their derivative, once. TensorFlow counts the watchers for tf.function's
+    choice of gradient functions; no public API counts them."""
+    kind = _gradients_util.PossibleTapeGradientTypes(tensors)
+    return bool(kind == _gradients_util.POSSIBLE_GRADIENT_TYPES_FIRST_ORDER) and should_record_backprop(tensors)
+
+
 def higher_order_gradient_possible(tensors: list[tf.Tensor]) -> bool:
     """Whether two tapes, a persistent tape, or a tape and an accumulator watch these tensors: TensorFlow's own
     test of whether a gradient of a gradient can be taken, which tf.function asks to choose its gradient

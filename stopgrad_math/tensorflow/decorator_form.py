@@ -27,6 +27,10 @@ A call runs four stages, in this order:
 3. terms (here): the zero term of each output, one function per route;
 4. attach (here): the terms added to y, and a guard on second derivatives.
 
+Eagerly, where one tape alone watches the arguments, its one question is
+reverse mode's: the transpose route then records grad_fn as the backward
+(``recorded_term.grad_fn_recorded``) instead of forming J·v at every call.
+
 Decorated calls inside a grad_fn are ``nested_calls``'. Every zero is the
 identity module's; what is carried of each kind of argument is
 ``gradient_components``'; how grad_fn is called and read is
@@ -209,14 +213,12 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         return plan.outputs.structure  # no tape or accumulator can ever ask for this call's derivative
     probe = None if tf.executing_eagerly() else evaluation.probe(plan, persistent=True,
                                                                  watch=not routes.one_element(plan))
-    chosen = routes.route(plan, probe, kwargs, require_proof)
+    chosen = _chosen_route(plan, probe, kwargs, require_proof)
     route = chosen.route
-    if route is transposition.Route.REVERSE_ONLY and order == 2:  # J's own derivative needs J·v as well
-        raise ValueError(transposition.OPAQUE_MESSAGE.format(reason=chosen.opaque))
+    if order == 1 and route is transposition.Route.TRANSPOSE and chosen.traced and _one_tape_alone(plan):
+        return recorded_term.grad_fn_recorded(plan)  # the tape's one question: J's transpose on ȳ, grad_fn(ȳ)
     if order == 2:
-        if probe is None and route is transposition.Route.TRANSPOSE:  # a tape made inside the forward function
-            probe = evaluation.probe(plan, persistent=True)          # would record nothing: made now, and kept
-        return recorded_term.attached(plan, lambda tangents: _TERMS[route](plan, probe, _Along(tangents)))
+        return _recorded_order_2(plan, probe, route)
     if route is transposition.Route.REVERSE_ONLY:
         terms = _reverse_only_terms(plan, transposition.FORWARD_MODE_MESSAGE.format(reason=chosen.opaque))
     else:
@@ -225,6 +227,24 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     if nested_calls.current() is None:
         _guard_second_derivatives(plan, terms)
     return plan.with_terms(terms)
+
+
+def _chosen_route(plan: Plan, probe: Probe | None, kwargs: dict[str, Any], require_proof: bool) -> routes.Chosen:
+    """The call's route, or the refusal it carries: eagerly, a wrong gradient for a watched argument (raised at the
+    call, naming it); at ``order=2``, a grad_fn no tape can transpose (J's own derivative needs J·v as well)."""
+    chosen = routes.route(plan, probe, kwargs, require_proof)
+    if chosen.refused:
+        raise ValueError(chosen.refused[0])
+    if chosen.route is transposition.Route.REVERSE_ONLY and plan.order == 2:
+        raise ValueError(transposition.OPAQUE_MESSAGE.format(reason=chosen.opaque))
+    return chosen
+
+
+def _recorded_order_2(plan: Plan, probe: Probe | None, route: transposition.Route) -> Any:
+    """``order=2``: grad_fn recorded as the backward, the route's order-1 terms' tangent as the forward."""
+    if probe is None and route is transposition.Route.TRANSPOSE:  # a tape made inside the forward function
+        probe = evaluation.probe(plan, persistent=True)          # would record nothing: made now, and kept
+    return recorded_term.attached(plan, lambda tangents: _TERMS[route](plan, probe, _Along(tangents)))
 
 
 def _unwatched(plan: Plan) -> bool:
@@ -236,6 +256,24 @@ def _unwatched(plan: Plan) -> bool:
     if any(gradient_components.is_variable_or_composite(c.value) for c in components):
         return False  # a variable is watched when it is read, not as a tensor
     return not _tf_internal.gradient_possible([c.tensor for c in components])
+
+
+def _one_tape_alone(plan: Plan) -> bool:
+    """Eagerly, at ``order=1``, whether one tape alone can ask this call's derivative, once: one GradientTape,
+    not persistent, watches the arguments, and no accumulator (``_tf_internal.one_tape_alone``), grad_fn gives no
+    variable's gradient, y carries no path of autodiff's, and no decorated call or replica context is around it.
+
+    Then the one derivative that can be asked is reverse mode's: J's transpose applied to ȳ, which for a grad_fn
+    proven linear (the transpose route) is grad_fn(ȳ) itself, computed when the tape asks, as tf.custom_gradient
+    computes it. The route's J·v would cost a transpose through grad_fn at every call (about 7 ms of a quantizer's
+    eager step) for the tape to transpose it back; ``test_eager_reverse_path`` holds the two to the same bits.
+    """
+    if not tf.executing_eagerly() or plan.variables or nested_calls.current() is not None or transposition.replicated():
+        return False
+    arguments = [plan.arguments.components[i].tensor for i in plan.arguments.differentiable]
+    outputs = [plan.outputs.components[i].tensor for i in plan.outputs.differentiable]
+    # y recorded from a variable f reads (autodiff's path to it) keeps the route's terms, which add to that path
+    return _tf_internal.one_tape_alone(arguments) and not _tf_internal.should_record_backprop(outputs)
 
 
 def _reverse_only_terms(plan: Plan, forward_mode_refusal: str) -> dict[int, list[tf.Tensor]]:

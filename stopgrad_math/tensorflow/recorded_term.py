@@ -22,6 +22,7 @@ derivatives only.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +64,27 @@ def attached(plan: Plan, order_1_terms: Callable[[dict[str, tf.Tensor]], Terms])
     summed = {i: tf.raw_ops.AddV2(x=c.tensor, y=z) for i, c, z in
               zip(plan.outputs.differentiable, outputs, zeros, strict=True)}
     return plan.outputs.with_tensors(summed)
+
+
+def grad_fn_recorded(plan: Plan) -> Any:
+    """Eagerly, where one tape alone can ask a derivative (``decorator_form``'s reverse path): f's value, each
+    differentiable output passed through an Identity recorded with grad_fn as its backward, as
+    tf.custom_gradient records it, but for two negations: the backward is −grad_fn(−ȳ), the order-1 terms' own
+    reverse mode (h subtracts J·v, and v = stop(x) − x), whose bits differ from grad_fn(ȳ)'s in the sign of a
+    NaN that J makes and of a zero that a sum of opposite zeros makes (a complex product's parts). No
+    accumulator watches, so none asks for a forward function."""
+    outputs = plan.outputs.differentiable
+    arguments = [plan.arguments.components[i] for i in plan.arguments.differentiable]
+    passed = [tf.identity(plan.outputs.components[i].tensor) for i in outputs]  # the same bits, a new tensor
+
+    def backward(*upstreams: tf.Tensor | None) -> list[Any]:
+        negated = {i: tf.zeros_like(p) if u is None else -u for i, p, u in zip(outputs, passed, upstreams,
+                                                                              strict=True)}
+        gradients = plan.gradients_at(negated)
+        return by_input([dataclasses.replace(g, values=-g.values) for g in gradients], arguments)
+
+    _tf_internal.record_operation("stopgrad_math_reverse", passed, [c.tensor for c in arguments], backward)
+    return plan.outputs.with_tensors(dict(zip(outputs, passed, strict=True)))
 
 
 def recorded(name: str, zeros: list[tf.Tensor], inputs: list[tf.Tensor], backward: Callable[..., list[Any]],

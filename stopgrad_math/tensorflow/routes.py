@@ -40,6 +40,10 @@ class Chosen:
 
     route: transposition.Route
     opaque: str = ""
+    # Eagerly: whether grad_fn's ops were read (not tested numerically), and what its trace refused (a wrong
+    # gradient for an argument a tape or an accumulator watches), raised at every call of the signature.
+    traced: bool = False
+    refused: tuple[str, ...] = ()
 
 
 def route(plan: Plan, probe: Probe | None, kwargs: dict[str, Any], require_proof: bool) -> Chosen:
@@ -57,7 +61,9 @@ def route(plan: Plan, probe: Probe | None, kwargs: dict[str, Any], require_proof
                 raise ValueError(_UNTRACEABLE)
             chosen = Chosen(numerical_linearity.tested_route(plan, one, small))
         else:
-            chosen = _chosen(found, one, small)
+            refused = tuple(plan.refused.values())  # what the trace, a graph, kept to refuse where asked
+            plan.refused.clear()
+            chosen = dataclasses.replace(_chosen(found, one, small), traced=True, refused=refused)
         if key is not None:
             _ROUTES.put(key, chosen)
     return chosen
@@ -126,7 +132,8 @@ def _eager_signature(plan: Plan, kwargs: dict[str, Any], require_proof: bool) ->
     if kwargs:
         return None
     specs = tuple(_spec(c) for c in plan.arguments.components + plan.outputs.components)
-    key = function_identity.key(plan.f), plan.order, require_proof, transposition.replicated(), specs
+    # (the arguments no tape watches too: a wrong gradient grad_fn gives for a watched one is refused by the trace)
+    key = function_identity.key(plan.f), plan.order, require_proof, transposition.replicated(), plan.unasked, specs
     try:
         hash(key)
     except TypeError:  # a NumPy array, a list

@@ -720,6 +720,52 @@ def _no_proof_kept_under_transforms(original):
     return known
 
 
+def _grad_fn_recorded_as_written(original):
+    """TensorFlow's eager reverse path records grad_fn(ȳ) as tf.custom_gradient does, not the order-1 terms' own
+    −grad_fn(−ȳ) (issue 75): the same numbers, another NaN's sign and a complex zero's sign than every other
+    path of the definition gives."""
+    def recorded(plan):
+        import tensorflow as tf
+
+        from stopgrad_math.tensorflow import _tf_internal, recorded_term
+        outputs = plan.outputs.differentiable
+        arguments = [plan.arguments.components[i] for i in plan.arguments.differentiable]
+        passed = [tf.identity(plan.outputs.components[i].tensor) for i in outputs]
+
+        def backward(*upstreams):
+            dense = {i: tf.zeros_like(p) if u is None else u for i, p, u in zip(outputs, passed, upstreams,
+                                                                               strict=True)}
+            return recorded_term.by_input(plan.gradients_at(dense), arguments)
+
+        _tf_internal.record_operation("mutant", passed, [c.tensor for c in arguments], backward)
+        return plan.outputs.with_tensors(dict(zip(outputs, passed, strict=True)))
+    return recorded
+
+
+def _route_proven_at_every_call(original):
+    """TensorFlow's decorator keeps no route eagerly (issue 75): grad_fn traced into a graph at every call, the
+    right numbers at many times the cost."""
+    return lambda *args: None
+
+
+def _closure_ignored(original):
+    """A kept proof is keyed by a function's code alone (issue 75's second mutant): a closed-over value that
+    changes grad_fn's ops reuses the proof of another."""
+    def key(f, depth=2):
+        code = getattr(f, "__code__", None)
+        return original(f, depth) if code is None else (code,)
+    return key
+
+
+def _plain_call_routed(original):
+    """The Function face routes and embeds a call nothing can differentiate (issue 75): the forward's value, at
+    twice the mechanism's cost at small sizes."""
+    def routed(cls, args):
+        from stopgrad_math.torch import function_face
+        return function_face._applied(cls, args, function_face._route(cls, args))
+    return routed
+
+
 _INSIDE_TFP = "tests/tensorflow/test_inside_tfp.py"
 _FAST = "tests/torch/test_eager_fast_path.py"
 _SWEEP = "tests/tensorflow/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
@@ -730,7 +776,22 @@ _ORDER_2_JAX = "tests/jax/test_order_2.py::"
 _ORDER_2_TORCH = "tests/torch/test_order_2.py::"
 _ORDER_2_TF = "tests/tensorflow/test_order_2.py::"
 
+_REVERSE_PATH_TF = "tests/tensorflow/test_eager_reverse_path.py::"
+
 MUTANTS = {
+    "TensorFlow's eager reverse path gives grad_fn's bits, not the definition's": Mutant(
+        "stopgrad_math.tensorflow.recorded_term", "grad_fn_recorded", _grad_fn_recorded_as_written,
+        (_REVERSE_PATH_TF + "test_the_eager_reverse_path_is_the_transpose_routes_bits[elementwise]",)),
+    "TensorFlow's decorator proves grad_fn again at every eager call": Mutant(
+        "stopgrad_math.tensorflow.routes", "_eager_signature", _route_proven_at_every_call,
+        (_REVERSE_PATH_TF + "test_grad_fn_is_traced_once_per_signature_and_closure",
+         "tests/tensorflow/test_decorator_form.py::test_grad_fns_side_effects_happen_where_its_derivative_is_formed")),
+    "the Function face routes a call nothing can differentiate": Mutant(
+        "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
+        (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),
+    "a kept proof ignores what the function closes over": Mutant(
+        "stopgrad_math.shared.function_identity", "key", _closure_ignored,
+        (_REVERSE_PATH_TF + "test_a_closed_over_value_that_changes_grad_fns_ops_makes_a_new_proof",)),
     "JAX's order=2 lets the second-order part reach first derivatives": Mutant(
         "stopgrad_math.jax.identity", "mapped_zero", _second_order_part_in_jax_first_derivatives,
         (_ORDER_2_JAX + "test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows",)),

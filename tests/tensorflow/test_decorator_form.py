@@ -989,9 +989,11 @@ def test_a_gradient_used_as_a_side_channel_for_a_variable_is_refused_clearly():
         quantized(x)
 
 
-def test_grad_fns_side_effects_happen_when_f_is_called():
-    """grad_fn runs in the forward pass, with upstream 0 (and 1 for a y of one element; and in eager mode, at the
-    first call with each input signature, traced once so that its ops can be read), never in the backward."""
+def test_grad_fns_side_effects_happen_where_its_derivative_is_formed():
+    """Eagerly grad_fn is traced once per input signature, so that its ops can be read. Under one tape alone it
+    then runs when the tape asks, on the upstream, as tf.custom_gradient runs it (negated twice: the order-1
+    terms' own bits); where more can be asked (a persistent tape, an accumulator) it runs at the call, on zero
+    upstreams, for J·v, and never in the backward; where nothing records, not at all."""
     upstreams = []
 
     @custom_gradient
@@ -1006,14 +1008,16 @@ def test_grad_fns_side_effects_happen_when_f_is_called():
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = logged(x)
-    assert upstreams == ["traced", [0.0, 0.0]]  # at the call, before any gradient is asked for
+    assert upstreams == ["traced"]  # at the call, before any gradient is asked for
     np.testing.assert_array_equal(tape.gradient(y, x, output_gradients=tf.constant([3.0, 4.0])), [6.0, 8.0])
-    assert len(upstreams) == 2  # tape.gradient does not call grad_fn
+    assert upstreams == ["traced", [-3.0, -4.0]]
     upstreams.clear()
-    with tf.GradientTape() as tape:
+    with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)
-        logged(x)
-    assert upstreams == [[0.0, 0.0]]  # the same input signature: tested once
+        y = logged(x)
+    assert upstreams == [[0.0, 0.0]]  # the same input signature: traced once; J·v at the call
+    np.testing.assert_array_equal(tape.gradient(y, x, output_gradients=tf.constant([3.0, 4.0])), [6.0, 8.0])
+    assert len(upstreams) == 1  # tape.gradient does not call grad_fn
     upstreams.clear()
     logged(x)  # nothing records: the value alone, no grad_fn call
     assert upstreams == []
