@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared import bounded_cache
 from stopgrad_math.shared.linearity import Route
-from stopgrad_math.torch import decorator_form, identity, refusals, second_derivative_guard
+from stopgrad_math.torch import decorator_form, evaluation, identity, refusals, second_derivative_guard
 
 DIRTY = ("{name}.forward marks an argument dirty (ctx.mark_dirty): it changes its argument in place, which the "
          "decorator's f, a function of its arguments, may not")
@@ -136,6 +136,8 @@ class Function:
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
         """The forward's output, differentiable through the backward in every mode."""
         args = cls._stopgrad_math_forward.bound(cls.__name__, args, kwargs)
+        if not evaluation.differentiating(args) and not cls._stopgrad_math_forward.marks_dirty:
+            return _forward_alone(cls, args)  # nothing can differentiate it: no route, no proof, no VJP
         return _applied(cls, args, _route(cls, args))
 
     @classmethod
@@ -354,20 +356,31 @@ class _Marked(threading.local):
 _MARKED = _Marked()
 
 
+def _forward(cls: type[Function], inputs: tuple[Any, ...], needs: tuple[bool, ...]) -> tuple[FunctionContext, Any]:
+    """The forward run with a new ctx (and ``setup_context`` where the class defines it), as PyTorch runs it."""
+    ctx = FunctionContext(needs)
+    if _has_setup_context(cls):
+        output = cls.forward(*inputs)
+        cls.setup_context(ctx, inputs, output)
+    else:
+        output = cls.forward(ctx, *inputs)
+    return ctx, output
+
+
+def _forward_alone(cls: type[Function], args: tuple[Any, ...]) -> Any:
+    """A call no derivative can be taken of (``evaluation.differentiating``): the forward's output, as the
+    decorator gives f's value alone there, for what ``torch.autograd.Function.apply`` costs."""
+    return _forward(cls, args, _needs_input_grad(args))[1]
+
+
 def _forward_and_backward(cls: type[Function]) -> Callable[..., Any]:
     """The decorator's f for the class, made once with it (a function Dynamo finds made, and can hand to the proof
     it makes while compiling): ``f(*inputs, needs_input_grad)`` runs the forward with a new ctx, and its VJP the
     backward with that ctx."""
-    setup = _has_setup_context(cls)
 
     def forward_and_backward(*given: Any) -> Any:
         *inputs, needs = given
-        ctx = FunctionContext(needs)
-        if setup:
-            output = cls.forward(*inputs)
-            cls.setup_context(ctx, tuple(inputs), output)
-        else:
-            output = cls.forward(ctx, *inputs)
+        ctx, output = _forward(cls, tuple(inputs), needs)
         several = isinstance(output, tuple)
         outputs = output if several else (output,)
         _MARKED.indices.clear()

@@ -323,6 +323,52 @@ def test_a_call_that_asks_no_derivative_runs_forward_alone_whatever_the_backward
         assert torch.equal(ported(ReadsItsCotangent).apply(torch.ones(2, requires_grad=True)), 2 * torch.ones(2))
 
 
+class SavesAndMarks(torch.autograd.Function):
+    """A linear layer that saves its inputs, sets an attribute and marks an index output non-differentiable."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        ctx.scale = 0.5
+        y = ctx.scale * x @ w.T
+        index = y.argmax(dim=1)
+        ctx.mark_non_differentiable(index)
+        return y, index
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        x, w = ctx.saved_tensors
+        return ctx.scale * grad @ w, ctx.scale * grad.T @ x
+
+
+def test_a_call_nothing_differentiates_costs_the_forward_alone(monkeypatch):
+    """Issue 75: where nothing can ask a derivative (no argument requires grad, or grad mode off; no dual level,
+    transform or compilation), the port runs the forward with its ctx, as torch.autograd.Function.apply does: no
+    route (its key reads every argument), no decorated call. Its outputs are the Function's, bit for bit; a call
+    that does differentiate still takes both."""
+    from stopgrad_math.torch import decorator_form, function_face
+
+    calls = []
+    for module, name in ((function_face, "_signature"), (decorator_form, "call_or_fall_back")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    x, w = torch.randn(4, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    port = ported(SavesAndMarks)
+    for plain in (lambda: port.apply(x, w), lambda: _without_grad(port.apply, x, w.requires_grad_())):
+        got, want = plain(), SavesAndMarks.apply(x, w.detach())
+        assert not got[0].requires_grad and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert calls == []
+    y, _ = port.apply(x, w)
+    y.sum().backward()
+    assert calls[:2] == ["_signature", "call_or_fall_back"]
+    assert torch.equal(w.grad, 0.5 * torch.ones(4, 2, dtype=torch.float64).T @ x)
+
+
+def _without_grad(function, *args):
+    with torch.no_grad():
+        return function(*args)
+
+
 def test_the_route_of_a_linear_backward_is_embedded():
     assert ported(Exp2).route(torch.ones(2)).embedded and ported(Exp2).route(torch.ones(2)).reason == ""
     assert math.isclose(float(torch.func.jvp(ported(Exp2).apply, (torch.zeros(()),), (torch.ones(()),))[1]), 1.0)
