@@ -241,10 +241,20 @@ def _chosen_route(plan: Plan, probe: Probe | None, kwargs: dict[str, Any], requi
 
 
 def _recorded_order_2(plan: Plan, probe: Probe | None, route: transposition.Route) -> Any:
-    """``order=2``: grad_fn recorded as the backward, the route's order-1 terms' tangent as the forward."""
-    if probe is None and route is transposition.Route.TRANSPOSE:  # a tape made inside the forward function
-        probe = evaluation.probe(plan, persistent=True)          # would record nothing: made now, and kept
+    """``order=2``: grad_fn recorded as the backward, the route's order-1 terms' tangent as the forward. The
+    transpose route's tangent needs a probe made now (a tape made inside the forward function would record
+    nothing), but for no accumulator: eagerly, where one tape alone watches, none can ask, and none is made."""
+    if probe is None and route is transposition.Route.TRANSPOSE:
+        arguments = [plan.arguments.components[i].tensor for i in plan.arguments.differentiable]
+        if tf.executing_eagerly() and not plan.variables and _tf_internal.one_tape_alone(arguments):
+            return recorded_term.attached(plan, _unasked_tangents)
+        probe = evaluation.probe(plan, persistent=True)
     return recorded_term.attached(plan, lambda tangents: _TERMS[route](plan, probe, _Along(tangents)))
+
+
+def _unasked_tangents(tangents: dict[str, tf.Tensor]) -> dict[int, list[tf.Tensor]]:
+    """The forward function where no accumulator watched the call: TensorFlow asks it only of a watching one."""
+    raise AssertionError("stopgrad_math: a forward function was asked where no accumulator watched the call.")
 
 
 def _unwatched(plan: Plan) -> bool:

@@ -208,3 +208,27 @@ def test_a_closed_over_value_that_changes_grad_fns_ops_makes_a_new_proof():
         with tf.autodiff.ForwardAccumulator(x, tangent) as accumulator:
             y = make(through_numpy)(x)
         np.testing.assert_array_equal(accumulator.jvp(y), 2.0 * tangent.numpy())
+
+
+def test_at_order_2_one_tape_alone_makes_no_probe():
+    """At ``order=2`` the backward is grad_fn already; the forward function's probe (grad_fn on watched zeros, for
+    J·ẋ) is made only where an accumulator could ask: under one tape grad_fn runs once traced, then on the
+    upstream alone. An accumulator still gets the exact tangent."""
+    upstreams = []
+
+    def logged(x):
+        def grad(dy):
+            upstreams.append("traced" if tf.is_symbolic_tensor(dy) else dy.numpy().tolist())
+            return dy * tf.cos(x)
+        return tf.sin(x), grad
+
+    decorated = sgm.custom_gradient(order=2)(logged)
+    x = _x([0.5, -1.0])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = decorated(x)
+    np.testing.assert_array_equal(tape.gradient(y, x, output_gradients=_x([3.0, 4.0])), _x([3.0, 4.0]) * tf.cos(x))
+    assert upstreams == ["traced", [3.0, 4.0]]
+    with tf.autodiff.ForwardAccumulator(x, _x([1.0, 2.0])) as accumulator:
+        y = decorated(x)
+    np.testing.assert_allclose(accumulator.jvp(y), _x([1.0, 2.0]) * tf.cos(x), rtol=1e-6)

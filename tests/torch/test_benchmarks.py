@@ -1,8 +1,10 @@
-"""The PyTorch rows of the speed suite: every implementation computes the same numbers, in every phase."""
+"""The PyTorch rows of the speed suite (log1pexp, and real code's Functions): every implementation computes the same
+numbers, in every phase."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch_real_code  # noqa: E402
 import torch_run  # noqa: E402
 from torch_modes import fresh_compilation  # noqa: E402
 
@@ -37,3 +39,27 @@ def test_every_implementation_takes_the_same_training_step(phase, monkeypatch):
     for name in torch_run.IMPLEMENTATIONS:
         got = torch_run.step_programs(name, phase, 8, "cpu")(x)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------- real code's Functions (torch_real_code.py)
+
+
+@pytest.mark.parametrize("case", list(torch_real_code._BODIES))
+@pytest.mark.parametrize("phase", torch_real_code.PHASES)
+def test_a_real_codes_port_computes_the_anchors_numbers(case, phase, monkeypatch):
+    """The ratios compare mechanisms only if both classes compute the same value and gradients (compiled by
+    aot_eager here: the numbers, not Inductor's kernels, are under test)."""
+    fresh_compilation(monkeypatch)
+    xs = torch_real_code.inputs(case, (4, 8), "cpu")
+    results = [torch_real_code.program(function, phase, "aot_eager")(xs)
+               for function in torch_real_code.classes(case).values()]
+    for got, want in zip(*(r if isinstance(r, tuple) else (r,) for r in results), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_real_code_run_writes_its_report(tmp_path, monkeypatch):
+    fresh_compilation(monkeypatch)
+    assert torch_real_code.main(["--out", str(tmp_path), "--blocks", "1", "--min-time", "0", "--shapes", "small",
+                                 "--compile-backend", "aot_eager"]) == 0
+    text = (tmp_path / "latest-torch-real.md").read_text()
+    assert "## compiled value+grad" in text and "| STE quantizer, learned scale |" in text
