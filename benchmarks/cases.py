@@ -161,6 +161,44 @@ MATMUL = Case(
 )
 
 
+# ---------------------------------------------------------------- a straight-through quantizer, scale closed over
+# Real code's shape (larq's ste_sign, a fake-quant): the rule reads x, and f a learned scale it closes over.
+
+_SCALE = tf.Variable(0.1, trainable=False)  # learned elsewhere; read by f and grad_fn, differentiated by neither
+
+
+def _quantize(x):
+    scale = tf.convert_to_tensor(_SCALE)
+    return tf.round(x / scale) * scale, lambda dy: dy * tf.cast(tf.abs(x) <= 1.0, dy.dtype)
+
+
+def _keras_quantize(x):
+    value, grad = _quantize(x)
+    return value, lambda *args, upstream=None: grad(args[0] if upstream is None else upstream)
+
+
+_QUANTIZER_IMPLEMENTATIONS = {
+    "stopgrad_math decorator": sgm.custom_gradient(_quantize),
+    ORDER_2: sgm.custom_gradient(order=2)(_quantize),
+    ANCHOR: tf.custom_gradient(_quantize),
+    "keras ops.custom_gradient": keras.ops.custom_gradient(_keras_quantize),
+    "plain autodiff (floor)": lambda x: _straight_through(x, tf.cast(tf.abs(x) <= 1.0, x.dtype)),
+}
+
+
+def _straight_through(x, inside):
+    """The STE by hand: the quantized value, the derivative ``inside``."""
+    passed = x * inside
+    return passed + tf.stop_gradient(_quantize(x)[0] - passed)
+
+QUANTIZER = Case(
+    "quantizer",
+    "straight-through quantizer y = round(x / s)·s, s a variable f reads, gradient dy·[|x| ≤ 1]; n = elements",
+    lambda n: (_QUANTIZER_IMPLEMENTATIONS, tf.linspace(-2.0, 2.0, n)),
+    lambda n: 3 * 4 * n,
+)
+
+
 # ---------------------------------------------------------------- a scalar log-likelihood over n points
 
 
@@ -277,4 +315,4 @@ EMBEDDING = Case(
     lambda n: 3 * 4 * TABLE_WIDTH * n,  # read the rows, write them and their gradient
 )
 
-CASES = (LOG1PEXP, LOG1PEXP_EXP, MATMUL, LOGLIK, EMBEDDING)
+CASES = (LOG1PEXP, LOG1PEXP_EXP, MATMUL, QUANTIZER, LOGLIK, EMBEDDING)

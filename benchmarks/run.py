@@ -159,17 +159,19 @@ def main(argv=None) -> int:
     parser.add_argument("--min-time", type=float, default=0.6, help="seconds of repeats per cell")
     parser.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
     parser.add_argument("--baseline", default=None, help="rows to compare with (default: results/baseline.json)")
+    parser.add_argument("--cases", nargs="*", default=None, help="the cases to run, by name (default: every one)")
     args = parser.parse_args(argv)
     memory = PeakMemory()
     device = _device_name(memory.gpu)
-    rows = [row for case in cases.CASES for row in run_case(case, args.sizes, args.min_time, memory)]
+    chosen = [case for case in cases.CASES if args.cases is None or case.name in args.cases]
+    rows = [row for case in chosen for row in run_case(case, args.sizes, args.min_time, memory)]
     bandwidth = memcpy_bandwidth()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = "-gpu" if memory.gpu else ""
     baseline_path = pathlib.Path(args.baseline or pathlib.Path(__file__).parent / "results" / f"baseline{suffix}.json")
     baseline = json.loads(baseline_path.read_text())["rows"] if baseline_path.exists() else None
-    text = report.markdown(rows, cases.CASES, device, bandwidth, tf.__version__, baseline, gpu=memory.gpu)
+    text = report.markdown(rows, chosen, device, bandwidth, tf.__version__, baseline, gpu=memory.gpu)
     (out / f"latest{suffix}.md").write_text(text)
     (out / f"latest{suffix}.json").write_text(json.dumps({"device": device, "bandwidth": bandwidth, "rows": rows}))
     report.plot(rows, out / f"latest{suffix}.png")

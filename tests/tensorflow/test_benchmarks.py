@@ -94,11 +94,11 @@ def test_report_counts_each_missed_cell():
     # Identity vs tfp in eager: value+grad slower in 3 cases with both (2 sizes each) of 6 cells x 2 phases.
     assert "NOT met in 6 of 12 cells" in targets[2]
     # Against a baseline of 1 s everywhere, graph modes: value+grad 1.2x (identity, 3 cases) and 1.8x (decorator,
-    # 5 cases), 2 sizes and 2 modes each, of 12 implementations of ours x 2 sizes x 2 modes x 2 phases.
-    assert "NOT met in 32 of 96 cells" in targets[3] and "1.80× now, 1.00× before" in "\n".join(_report_lines(slow))
-    # values_only at the largest n, function and XLA: the decorator (5 cases) at 1.06x of plain f; identity (3) not.
-    assert "NOT met in 10 of 16 cells" in targets[4]
-    assert "NOT met in 10 of 10 cells" in targets[5]  # forward 1.1x the undecorated f, every eager cell
+    # 6 cases), 2 sizes and 2 modes each, of 14 implementations of ours x 2 sizes x 2 modes x 2 phases.
+    assert "NOT met in 36 of 112 cells" in targets[3] and "1.80× now, 1.00× before" in "\n".join(_report_lines(slow))
+    # values_only at the largest n, function and XLA: the decorator (6 cases) at 1.06x of plain f; identity (3) not.
+    assert "NOT met in 12 of 18 cells" in targets[4]
+    assert "NOT met in 12 of 12 cells" in targets[5]  # forward 1.1x the undecorated f, every eager cell
     assert targets[6].endswith(": met.")  # order=2 (1 s) against a 1.8 s order=1
 
 
@@ -108,7 +108,7 @@ def _report_lines(times: dict) -> list[str]:
 
 def test_report_counts_order_two_cells_slower_than_order_one():
     targets = _targets(_rows({(cases.ORDER_2, "value+grad"): 1.1}))
-    assert "order=2" in targets[6] and "NOT met in 18 of 18 cells" in targets[6]  # 3 cases x 2 sizes x 3 modes
+    assert "order=2" in targets[6] and "NOT met in 24 of 24 cells" in targets[6]  # 4 cases x 2 sizes x 3 modes
 
 
 def test_report_says_when_there_is_no_baseline_and_no_gpu():

@@ -1,0 +1,172 @@
+"""python benchmarks/torch_real_code.py: real code's Functions, with their base class changed, as ratios to
+torch.autograd.Function in one run.
+
+Three classes in the shape public projects write them, restated here: PyTorch's documented linear layer (two
+arguments and a bias, ``needs_input_grad`` guarding each gradient), a straight-through quantizer whose learned
+scale is an argument (LSQ's shape: x's gradient passes where x is in range, the scale gets the rounding error's),
+and a norm guarded at the zero row (``where(r > 0, g / r, 0)``). Each is timed as ``torch.autograd.Function`` (the
+anchor) and as ``stopgrad_math.torch.Function`` (the same body), for eager value + gradient, an eager call nothing
+differentiates, and value + gradient under ``torch.compile(fullgraph=True)``, at a small size and at 256×512, in
+``--blocks`` interleaved blocks: a ratio is the median over blocks with its range. Writes
+``results/latest-torch-real.md`` (``-gpu`` on a CUDA build with a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from collections.abc import Callable
+
+import torch
+import torch_run
+
+import stopgrad_math.torch as sgm
+
+ANCHOR = torch_run.ANCHOR
+OURS = "stopgrad_math.torch.Function"
+PHASES = ("eager value+grad", "eager, nothing differentiates", "compiled value+grad")
+SHAPES = {"small": (8, 16), "256×512": (256, 512)}
+
+
+def _linear_forward(ctx, x, weight, bias):  # type: ignore[no-untyped-def]
+    ctx.save_for_backward(x, weight, bias)
+    return x @ weight.T + bias
+
+
+def _linear_backward(ctx, grad):  # type: ignore[no-untyped-def]
+    x, weight, _ = ctx.saved_tensors
+    grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+    grad_weight = grad.T @ x if ctx.needs_input_grad[1] else None
+    grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
+    return grad_x, grad_weight, grad_bias
+
+
+LEVELS = 7.0  # the quantizer's largest level: x / scale is rounded and clipped to [−LEVELS, LEVELS]
+
+
+def _quantize_forward(ctx, x, scale):  # type: ignore[no-untyped-def]
+    ratio = x / scale
+    ctx.save_for_backward(ratio)
+    return torch.round(ratio).clamp(-LEVELS, LEVELS) * scale
+
+
+def _quantize_backward(ctx, grad):  # type: ignore[no-untyped-def]
+    (ratio,) = ctx.saved_tensors
+    inside = (ratio.abs() <= LEVELS).to(grad.dtype)
+    error = torch.round(ratio).clamp(-LEVELS, LEVELS) - ratio * inside
+    return grad * inside, (grad * error).sum().reshape(1)
+
+
+def _norm_forward(ctx, x):  # type: ignore[no-untyped-def]
+    r = x.norm(dim=1, keepdim=True)
+    ctx.save_for_backward(x, r)
+    return r
+
+
+def _norm_backward(ctx, grad):  # type: ignore[no-untyped-def]
+    x, r = ctx.saved_tensors
+    return torch.where(r > 0, grad / r, torch.zeros_like(r)) * x
+
+
+_BODIES = {
+    "linear layer": (_linear_forward, _linear_backward),
+    "STE quantizer, learned scale": (_quantize_forward, _quantize_backward),
+    "safe norm": (_norm_forward, _norm_backward),
+}
+
+
+def classes(case: str) -> dict[str, type]:
+    """The case's body as torch.autograd.Function (the anchor) and as stopgrad_math.torch.Function."""
+    forward, backward = _BODIES[case]
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return {ANCHOR: type(case.title().replace(" ", ""), (torch.autograd.Function,), dict(methods)),
+            OURS: type(case.title().replace(" ", ""), (sgm.Function,), dict(methods))}
+
+
+def inputs(case: str, shape: tuple[int, int], device: str) -> list[torch.Tensor]:
+    rows, width = shape
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, width, generator=generator)
+    if case == "linear layer":
+        weight = torch.randn(width, width, generator=generator) / width ** 0.5
+        made = [x, weight, torch.randn(width, generator=generator)]
+    elif case == "safe norm":
+        x[0] = 0.0  # a zero row: the guard's case
+        made = [x]
+    else:
+        made = [4 * x, torch.tensor([0.5])]
+    return [t.to(device) for t in made]
+
+
+def program(function: type, phase: str, backend: str = "inductor") -> Callable[[list[torch.Tensor]], object]:
+    """What a user runs: a call and the gradients of its sum (the call compiled with fullgraph=True: AOTAutograd
+    compiles its backward too), or a call alone."""
+    if phase == "eager, nothing differentiates":
+        return lambda xs: function.apply(*xs)
+    apply = torch.compile(function.apply, fullgraph=True, backend=backend) if phase == "compiled value+grad" else (
+        function.apply)
+
+    def value_and_grad(xs: list[torch.Tensor]) -> object:
+        leaves = [x.detach().requires_grad_() for x in xs]
+        return torch.autograd.grad(apply(*leaves).sum(), leaves)
+
+    return value_and_grad
+
+
+def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str], blocks: int, min_time: float,
+        device: str, backend: str = "inductor") -> list[dict]:
+    rows = []
+    for case in cases:
+        for size, shape in shapes.items():
+            xs = inputs(case, shape, device)
+            for phase in phases:
+                programs = {name: program(function, phase, backend) for name, function in classes(case).items()}
+                calls = {name: (lambda p=p, xs=xs: p(xs)) for name, p in programs.items()}
+                for call in calls.values():  # compiled and warmed up
+                    call()
+                    call()
+                per_block = [torch_run.block_medians(calls, xs[0], min_time) for _ in range(blocks)]
+                for row in (torch_run._row(shape[0] * shape[1], phase, OURS, per_block),):
+                    rows.append({**row, "case": case, "size": size})
+    return rows
+
+
+def markdown(rows: list[dict], device: str) -> str:
+    sizes = list(dict.fromkeys(row["size"] for row in rows))
+    lines = ["# PyTorch, real code: stopgrad_math.torch.Function against torch.autograd.Function", "",
+             f"Device: {device}; torch {torch.__version__}. Each cell: the port's median time per call, its ratio "
+             "to the anchor's (the median over interleaved blocks) and the range over blocks.", ""]
+    for phase in dict.fromkeys(row["phase"] for row in rows):
+        lines += [f"## {phase}", "", "| case | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
+        for case in dict.fromkeys(row["case"] for row in rows):
+            cells = {row["size"]: torch_run._cell_text(row) for row in rows if row["case"] == case
+                     and row["phase"] == phase}
+            lines.append(f"| {case} | " + " | ".join(cells.get(size, "") for size in sizes) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of repeats per block")
+    parser.add_argument("--cases", nargs="*", default=list(_BODIES), choices=list(_BODIES))
+    parser.add_argument("--phases", nargs="*", default=PHASES, choices=PHASES)
+    parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--compile-backend", default="inductor")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = run(args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases, args.blocks, args.min_time,
+               device, args.compile_backend)
+    text = markdown(rows, torch_run.device_name(device))
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"latest-torch-real{'-gpu' if device == 'cuda' else ''}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
