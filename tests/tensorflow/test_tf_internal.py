@@ -125,6 +125,26 @@ def test_a_higher_order_gradient_is_possible_under_two_watchers_or_a_persistent_
         assert not _tf_internal.higher_order_gradient_possible([x])
 
 
+def test_one_tape_alone_is_one_non_persistent_tape_and_no_accumulator_on_the_tensors():
+    """The decorator's eager reverse path rests on it: only that tape can ask, once, and only reverse mode."""
+    x, other = tf.constant(2.0), tf.constant(3.0)
+    assert not _tf_internal.one_tape_alone([x])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        assert _tf_internal.one_tape_alone([x]) and _tf_internal.one_tape_alone([other, x])
+        assert not _tf_internal.one_tape_alone([other])
+        with tf.autodiff.ForwardAccumulator(other, tf.constant(1.0)):
+            assert not _tf_internal.one_tape_alone([x, other])  # an accumulator on one of them
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            assert not _tf_internal.one_tape_alone([x])
+    with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)):
+        assert not _tf_internal.one_tape_alone([x])  # one watcher, but an accumulator
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        assert not _tf_internal.one_tape_alone([x])
+
+
 def test_a_gradient_is_possible_where_a_tape_or_an_accumulator_watches_a_tensor():
     x, other = tf.constant(2.0), tf.constant(3.0)
     assert not _tf_internal.gradient_possible([x])
