@@ -115,7 +115,7 @@ class custom_vjp:
         bwd cannot be embedded, and the call is then ``jax.custom_vjp``'s."""
         fwd, bwd = typing_cast(self.fwd), typing_cast(self.bwd)
         nondiff = self.nondiff_argnums
-        positions = [k for k in range(len(args)) if k not in nondiff]
+        positions = tuple(k for k in range(len(args)) if k not in nondiff)  # (a tuple: the VJP's closure is keyed)
         symbolic = self.symbolic_zeros
 
         def f(*differentiable: Any) -> Any:

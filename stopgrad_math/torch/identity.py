@@ -213,21 +213,21 @@ def zero_with_derivative_of(p: torch.Tensor, zeros: list[torch.Tensor], linked: 
     return zero + torch.where(never, total, 0.0).to(zero.dtype)
 
 
+def _keep_maps(ctx: Any, maps: Any, count: int, constants: tuple[torch.Tensor, ...]) -> None:
+    ctx.maps, ctx.count = maps, count
+    ctx.save_for_backward(*constants)
+    ctx.save_for_forward(*constants)
+
+
 class _MappedZero(torch.autograd.Function):
-    """+0.0 for each output of J(c)·v; backward gives Jᵀ·ct, jvp J·dv, each at c as it is, and nothing to c."""
-
-    generate_vmap_rule = True
+    """+0.0 for each output of J(c)·v; backward gives Jᵀ·ct, jvp J·dv, each at c as it is, and nothing to c.
+    Plainly eager (its forward takes ``ctx``: PyTorch binds a ``setup_context`` Function's arguments by signature at
+    every call, some 10–15 µs); ``_MappedZeroInTransforms`` under torch.func and compiled."""
 
     @staticmethod
-    def forward(maps: Any, count: int, *operands: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(ctx: Any, maps: Any, count: int, *operands: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        _keep_maps(ctx, maps, count, operands[count:])
         return tuple(maps.zeros(operands[:count], list(operands[count:])))
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        ctx.maps, ctx.count = inputs[0], inputs[1]
-        constants = inputs[2 + ctx.count:]
-        ctx.save_for_backward(*constants)
-        ctx.save_for_forward(*constants)
 
     @staticmethod
     def backward(ctx: Any, *cts: torch.Tensor) -> tuple[Any, ...]:
@@ -237,6 +237,20 @@ class _MappedZero(torch.autograd.Function):
     @staticmethod
     def jvp(ctx: Any, _maps: Any, _count: Any, *tangents: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(ctx.maps.transposed(tangents[:ctx.count], list(ctx.saved_tensors)))
+
+
+class _MappedZeroInTransforms(_MappedZero):
+    """``_MappedZero`` with the rules torch.func asks of a Function (``setup_context``, a generated vmap rule)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(maps: Any, count: int, *operands: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return tuple(maps.zeros(operands[:count], list(operands[count:])))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        _keep_maps(ctx, inputs[0], inputs[1], inputs[2 + inputs[1]:])
 
 
 def mapped_zero(maps: Any, vs: list[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -251,7 +265,8 @@ def mapped_zero(maps: Any, vs: list[torch.Tensor], constants: list[torch.Tensor]
     # a tensor f computed under inference_mode cannot be saved for a derivative; its copy, of the same values and
     # as free of history, can
     constants = [c.clone() if c.is_inference() else c for c in constants]
-    zeros: tuple[torch.Tensor, ...] = _MappedZero.apply(maps, len(vs), *vs, *constants)  # type: ignore[no-untyped-call]
+    function = _MappedZero if plainly_eager() else _MappedZeroInTransforms
+    zeros: tuple[torch.Tensor, ...] = function.apply(maps, len(vs), *vs, *constants)  # type: ignore[no-untyped-call]
     return list(zeros)
 
 

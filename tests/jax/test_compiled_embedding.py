@@ -252,3 +252,30 @@ def test_a_vjp_calling_np_asarray_and_int_on_its_residuals_is_traced_at_every_ca
             got = jax.grad(lambda x: jnp.sum(_reads_residuals_as_numpy(x, n)))(x)
             np.testing.assert_allclose(got, jax.grad(lambda x: jnp.sum(jnp.sin(x) * 3))(x), rtol=1e-6)
     assert len(traces) >= 4  # traced at every call, never kept compiled
+
+
+def _norm(x):
+    return jnp.sqrt(jnp.sum(x * x))
+
+
+def _norm_fwd(x):
+    n = _norm(x)
+    return n, (x, n)
+
+
+def _norm_bwd(residuals, g):
+    x, n = residuals
+    return (g * x / n,)
+
+
+def test_a_custom_vjp_is_proven_once_per_signature_eagerly(traces):
+    """Issue 75: ``stopgrad_math.jax.custom_vjp``'s VJP (bwd over the residuals) is keyed as the decorator's is, so
+    eager value and gradient of a known signature traces nothing (it was traced, proven and transposed at every
+    call, 10 times jax.custom_vjp's cost here), each call's gradient its own (x / |x|)."""
+    norm = sgm.custom_vjp(_norm)
+    norm.defvjp(_norm_fwd, _norm_bwd)
+    for x in (X1, X2, 3 * X1):
+        value, gradient = jax.value_and_grad(norm)(x)
+        np.testing.assert_allclose(gradient, x / np.linalg.norm(x), rtol=1e-6)
+        np.testing.assert_allclose(value, np.linalg.norm(x), rtol=1e-6)
+    assert len(traces) == 1

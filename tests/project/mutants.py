@@ -768,6 +768,12 @@ def _order_2_probe_always(original):
     return recorded
 
 
+def _nothing_opened(original):
+    """A JAX VJP's closure is never opened (issue 75): every eager derivative traces, proves and transposes the VJP
+    again, the right numbers at 3–10 times jax.custom_vjp's cost."""
+    return lambda vjp: None
+
+
 def _plain_call_routed(original):
     """The Function face routes and embeds a call nothing can differentiate (issue 75): the forward's value, at
     twice the mechanism's cost at small sizes."""
@@ -800,6 +806,10 @@ MUTANTS = {
     "TensorFlow's order=2 probes grad_fn where no accumulator can ask": Mutant(
         "stopgrad_math.tensorflow.decorator_form", "_recorded_order_2", _order_2_probe_always,
         (_REVERSE_PATH_TF + "test_at_order_2_one_tape_alone_makes_no_probe",)),
+    "JAX proves a VJP again at every eager call": Mutant(
+        "stopgrad_math.jax.vjp_closure", "opened", _nothing_opened,
+        ("tests/jax/test_compiled_embedding.py::test_a_custom_vjp_is_proven_once_per_signature_eagerly",
+         "tests/jax/test_compiled_embedding.py::test_a_known_signature_traces_nothing_and_reads_this_calls_arrays")),
     "the Function face routes a call nothing can differentiate": Mutant(
         "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
         (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),
