@@ -34,8 +34,7 @@ def differentiating(args: Sequence[Any]) -> bool:
         return True
     if not torch.is_grad_enabled():
         return False
-    flat = args if all(type(a) is torch.Tensor for a in args) else pytree.tree_leaves(args)
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
+    return any(t.requires_grad for t in unrecorded.tensors(args))
 
 
 def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -50,17 +50,31 @@ class Watch(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
-        operands = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        operands = tensors(args) + (tensors(tuple(kwargs.values())) if kwargs else [])
         if not self.reads_outside:
             self.reads_outside = any(moves(t) and not _holds(self.derived, t) and not _holds(self.lost, t)
                                      for t in operands)
         from_lost = any(_holds(self.lost, t) for t in operands)
         if from_lost or any(_holds(self.derived, t) for t in operands):
             marked = self.lost if from_lost or not torch.is_grad_enabled() else self.derived
-            for out in pytree.tree_leaves(result):
-                if isinstance(out, torch.Tensor) and (out.is_floating_point() or out.is_complex()):
+            for out in tensors((result,)):
+                if out.is_floating_point() or out.is_complex():
                     marked[id(out)] = out
         return result
+
+
+_ATOMS = frozenset({bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout,
+                    torch.memory_format})
+
+
+def tensors(values: Sequence[Any]) -> list[torch.Tensor]:
+    """The tensors among ``values``' pytree leaves, in order: read off directly where each value is a tensor, an
+    atom or a tuple of atoms (an op's usual operands, a Function's ``needs_input_grad``; pytree's walk costs a small
+    op's eager call some 10 µs), else by the walk."""
+    if all(isinstance(v, torch.Tensor) or type(v) in _ATOMS or (type(v) is tuple and all(type(u) in _ATOMS for u in v))
+           for v in values):
+        return [v for v in values if isinstance(v, torch.Tensor)]
+    return [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
 
 
 def moves(tensor: torch.Tensor) -> bool:

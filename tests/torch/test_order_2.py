@@ -366,3 +366,22 @@ def test_under_one_reverse_transform_alone_f_runs_at_stop_x_with_the_watched_cal
     leaf = x.clone().requires_grad_(True)
     _REVERSE_ALONE[way](ours, leaf)
     assert seen and all(seen)
+
+
+def test_the_operands_read_off_directly_are_pytrees_tensors_in_order():
+    """``unrecorded.tensors`` skips pytree's walk for an op's usual operands (issue 75's eager cost); over every kind
+    of value an op or a Function is called with, its answer is the walk's, tensor for tensor."""
+    from collections import namedtuple
+
+    from torch.utils import _pytree as pytree
+
+    from stopgrad_math.torch import unrecorded
+
+    pair = namedtuple("pair", "a b")
+    a, b = torch.ones(2), torch.nn.Parameter(torch.zeros(3))
+    cases = [(a, 2, 0.5, None, "mean", torch.float32), (a, b), (a, (True, False)), (a, torch.Size([2])),
+             (pair(a, b),), ([a, b], 1), ({"weight": b}, a), ((a, (b,)),), (torch.device("cpu"), 3j), ()]
+    for values in cases:
+        want = [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
+        got = unrecorded.tensors(values)
+        assert len(got) == len(want) and all(g is w for g, w in zip(got, want, strict=True)), values
