@@ -215,7 +215,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                                                                  watch=not routes.one_element(plan))
     chosen = _chosen_route(plan, probe, kwargs, require_proof)
     route = chosen.route
-    if order == 1 and route is transposition.Route.TRANSPOSE and chosen.traced and _one_tape_alone(plan):
+    if order == 1 and route is transposition.Route.TRANSPOSE and chosen.traced and _reverse_alone(plan):
         return recorded_term.grad_fn_recorded(plan)  # the tape's one question: J's transpose on ȳ, grad_fn(ȳ)
     if order == 2:
         return _recorded_order_2(plan, probe, route)
@@ -245,8 +245,7 @@ def _recorded_order_2(plan: Plan, probe: Probe | None, route: transposition.Rout
     transpose route's tangent needs a probe made now (a tape made inside the forward function would record
     nothing), but for no accumulator: eagerly, where one tape alone watches, none can ask, and none is made."""
     if probe is None and route is transposition.Route.TRANSPOSE:
-        arguments = [plan.arguments.components[i].tensor for i in plan.arguments.differentiable]
-        if tf.executing_eagerly() and not plan.variables and _tf_internal.one_tape_alone(arguments):
+        if _one_tape_alone(plan):
             return recorded_term.attached(plan, _unasked_tangents)
         probe = evaluation.probe(plan, persistent=True)
     return recorded_term.attached(plan, lambda tangents: _TERMS[route](plan, probe, _Along(tangents)))
@@ -269,21 +268,25 @@ def _unwatched(plan: Plan) -> bool:
 
 
 def _one_tape_alone(plan: Plan) -> bool:
-    """Eagerly, at ``order=1``, whether one tape alone can ask this call's derivative, once: one GradientTape,
-    not persistent, watches the arguments, and no accumulator (``_tf_internal.one_tape_alone``), grad_fn gives no
-    variable's gradient, y carries no path of autodiff's, and no decorated call or replica context is around it.
-
-    Then the one derivative that can be asked is reverse mode's: J's transpose applied to ȳ, which for a grad_fn
-    proven linear (the transpose route) is grad_fn(ȳ) itself, computed when the tape asks, as tf.custom_gradient
-    computes it. The route's J·v would cost a transpose through grad_fn at every call (about 7 ms of a quantizer's
-    eager step) for the tape to transpose it back; ``test_eager_reverse_path`` holds the two to the same bits.
-    """
+    """Eagerly, whether one tape alone can ask this call's derivative, once: one GradientTape, not persistent,
+    watches the arguments, and no accumulator (``_tf_internal.one_tape_alone``), grad_fn gives no variable's
+    gradient, and no decorated call or replica context is around it. Then no tangent can be asked of the call."""
     if not tf.executing_eagerly() or plan.variables or nested_calls.current() is not None or transposition.replicated():
         return False
-    arguments = [plan.arguments.components[i].tensor for i in plan.arguments.differentiable]
+    return _tf_internal.one_tape_alone([plan.arguments.components[i].tensor for i in plan.arguments.differentiable])
+
+
+def _reverse_alone(plan: Plan) -> bool:
+    """At ``order=1``, whether the one derivative that can be asked is reverse mode's (``_one_tape_alone``) and y
+    carries no path of autodiff's (to a variable f reads, which the route's terms add to).
+
+    Then that derivative is J's transpose applied to ȳ, which for a grad_fn proven linear (the transpose route) is
+    grad_fn itself, computed when the tape asks, as tf.custom_gradient computes it. The route's J·v would cost a
+    transpose through grad_fn at every call (about 7 ms of a quantizer's eager step) for the tape to transpose it
+    back; ``test_eager_reverse_path`` holds the two to the same bits.
+    """
     outputs = [plan.outputs.components[i].tensor for i in plan.outputs.differentiable]
-    # y recorded from a variable f reads (autodiff's path to it) keeps the route's terms, which add to that path
-    return _tf_internal.one_tape_alone(arguments) and not _tf_internal.should_record_backprop(outputs)
+    return _one_tape_alone(plan) and not _tf_internal.should_record_backprop(outputs)
 
 
 def _reverse_only_terms(plan: Plan, forward_mode_refusal: str) -> dict[int, list[tf.Tensor]]:

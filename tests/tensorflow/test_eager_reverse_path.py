@@ -106,7 +106,7 @@ def test_the_eager_reverse_path_is_the_transpose_routes_bits(name, monkeypatch):
     monkeypatch.setattr(recorded_term, "grad_fn_recorded", lambda plan: taken.append(1) or record(plan))
     fast = _gradients(body, arguments, upstream)
     assert taken == [1]
-    monkeypatch.setattr(decorator_form, "_one_tape_alone", lambda plan: False)
+    monkeypatch.setattr(decorator_form, "_reverse_alone", lambda plan: False)
     reference = _gradients(body, arguments, upstream)
     assert taken == [1]
     for got, want in zip(fast, reference, strict=True):
