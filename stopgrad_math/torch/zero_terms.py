@@ -5,7 +5,9 @@ it with the proven transpose, with the identity form where y has one
 element (J is vjp(1)), or, at order 2 and where the transpose cannot be
 formed, as ``identity.mapped_zero``, a carrier whose backward is the VJP
 (``_Maps``). Where a kept proof's J·v is at hand, the eager fast paths
-(``eager_fast_path``) give the same values in fewer ops.
+(``eager_fast_path``) give the same values in fewer ops, and at order 2,
+where reverse mode alone can ask, one node gives the carrier's derivatives
+(``recorded_term``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from stopgrad_math.torch import (
     eager_fast_path,
     identity,
     kept_proofs,
+    recorded_term,
     refusals,
     second_derivative_guard,
     tracing,
@@ -73,20 +76,7 @@ def attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: int
     pullback of torch.func.vjp of ``linear``); ``alone``: compiled, the map is embedded without its transpose, which
     cannot be formed (``compiled_proof._REVERSE_ONLY``), in order 2's carrier."""
     if (order == 2 or alone) and isinstance(linear, (compiled_graphs.Registered, aten_graphs.LinearMap)):
-        compiled = isinstance(linear, compiled_graphs.Registered)
-        dual = None if alone or compiled else _dual(outputs, xs, transposed, order)
-        if dual is not None:
-            return dual
-        vs = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
-        if isinstance(linear, compiled_graphs.Registered):
-            zeros = list(compiled_graphs.run_mapped_zero(linear.key, len(vs), *vs, *linear.given))
-        else:
-            ys = outputs.tensors()
-            maps = _Maps(linear, transposed if isinstance(transposed, kept_proofs.Transpose) else None,
-                         [(y.shape, y.dtype) for y in ys], ys, name)
-            zeros = identity.mapped_zero(maps, vs, linear.constants)
-        return outputs.with_values({k: identity.attach(outputs.values[k], [z])
-                                    for k, z in zip(outputs.differentiable, zeros, strict=True)})
+        return _carried(linear, outputs, xs, transposed, name, alone)
     if _one_element(outputs, xs):  # the identity form, with the Jacobian's one row vjp(1)
         index = outputs.differentiable[0]
         value = outputs.values[index]
@@ -116,6 +106,29 @@ def attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], order: int
     return outputs.with_values({
         k: identity.attach(outputs.values[k], [identity.zero_with_derivative_of(p, zeros, linked)])
         for k, p in zip(outputs.differentiable, products, strict=True)})
+
+
+def _carried(linear: compiled_graphs.Registered | aten_graphs.LinearMap, outputs: Leaves, xs: list[torch.Tensor],
+             transposed: Linear | None, name: str, alone: bool) -> Any:
+    """``attached`` at order 2 (or compiled, ``alone``): each zero term the carrier's (``identity.mapped_zero``, or
+    compiled its registered graph); eagerly, in forward mode under a transform, the fast path (``_dual``), and in
+    reverse mode alone one node (``recorded_term``)."""
+    compiled = isinstance(linear, compiled_graphs.Registered)
+    dual = None if alone or compiled else _dual(outputs, xs, transposed, 2)
+    if dual is not None:
+        return dual
+    if isinstance(linear, aten_graphs.LinearMap) and not alone and recorded_term.reverse_alone():
+        return recorded_term.recorded(linear, outputs, xs)  # the carrier's derivatives, in one node
+    vs = [identity.zero_with_slope(x, slope_is_negative=True) for x in xs]
+    if isinstance(linear, compiled_graphs.Registered):
+        zeros = list(compiled_graphs.run_mapped_zero(linear.key, len(vs), *vs, *linear.given))
+    else:
+        ys = outputs.tensors()
+        maps = _Maps(linear, transposed if isinstance(transposed, kept_proofs.Transpose) else None,
+                     [(y.shape, y.dtype) for y in ys], ys, name)
+        zeros = identity.mapped_zero(maps, vs, linear.constants)
+    return outputs.with_values({k: identity.attach(outputs.values[k], [z])
+                                for k, z in zip(outputs.differentiable, zeros, strict=True)})
 
 
 def _dual(outputs: Leaves, xs: list[torch.Tensor], transposed: Linear | None, order: int) -> Any:

@@ -783,6 +783,29 @@ def _plain_call_routed(original):
     return routed
 
 
+
+def _torch_recorded_as_written(original):
+    """PyTorch's order-2 node runs the VJP on ȳ as autograd.Function runs a backward, not the carrier's own
+    −Jᵀ(−ȳ) (issue 75): the same numbers, another sign of zero and of NaN than the ordinary ops give."""
+    def recorded(linear, outputs, xs):
+        import torch
+
+        from stopgrad_math.torch import recorded_term
+
+        class AsWritten(recorded_term._RecordedMap):
+            @staticmethod
+            def backward(ctx, *cotangents):
+                constants = list(ctx.saved_tensors)
+                upstream = [torch.zeros(shape, dtype=dtype, device=device) if ct is None else ct
+                            for ct, (shape, dtype, device) in zip(cotangents, ctx.outputs, strict=True)]
+                return (None, None, None, *cotangents, *ctx.linear.on(constants)(*upstream),
+                        *[None] * len(constants))
+
+        ys = [outputs.values[k] for k in outputs.differentiable]
+        results = AsWritten.apply(linear, len(ys), len(xs), *ys, *xs, *linear.constants)
+        return outputs.with_values(dict(zip(outputs.differentiable, results, strict=True)))
+    return recorded
+
 _INSIDE_TFP = "tests/tensorflow/test_inside_tfp.py"
 _FAST = "tests/torch/test_eager_fast_path.py"
 _SWEEP = "tests/tensorflow/test_bad_inputs.py::test_every_call_is_right_or_names_the_problem"
@@ -810,6 +833,10 @@ MUTANTS = {
         "stopgrad_math.jax.vjp_closure", "opened", _nothing_opened,
         ("tests/jax/test_compiled_embedding.py::test_a_custom_vjp_is_proven_once_per_signature_eagerly",
          "tests/jax/test_compiled_embedding.py::test_a_known_signature_traces_nothing_and_reads_this_calls_arrays")),
+    "PyTorch's order-2 node gives the VJP's bits, not the definition's": Mutant(
+        "stopgrad_math.torch.recorded_term", "recorded", _torch_recorded_as_written,
+        ("tests/torch/test_recorded_term.py::test_a_ported_function_gives_the_ordinary_ops_first_and_second_"
+         "derivatives_bit_for_bit[sparsemax-awkward]",)),
     "the Function face routes a call nothing can differentiate": Mutant(
         "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
         (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),
