@@ -8,16 +8,21 @@ reference, and the path is taken (counted).
 The VJPs restated from real code: the ported Functions of ``test_ported_functions`` (sparsemax, a gradient
 multiplier, a learned-step quantizer, PyTorch's documented linear layer, a top-k mask, eigh's two cotangents) at
 awkward cotangents, and decorated functions: an elementwise rule at awkward inputs, two outputs of which one is
-unused, a complex sine, half precision, and one that reads a weight besides its argument.
+unused, a complex sine, half precision, and one that reads a weight besides its argument; and hypothesis's
+shapes, dtypes and awkward values.
 """
+
+from unittest import mock
 
 import pytest
 
 torch = pytest.importorskip("torch")
 from bit_patterns import bits  # noqa: E402
 from function_shim import ported  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
 from test_ported_functions import PAIRS  # noqa: E402
-from torch_modes import fresh_compilation  # noqa: E402
+from torch_modes import elementwise_cases, fresh_compilation  # noqa: E402
+from torch_modes import bits as tensor_bits  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
 from stopgrad_math.torch import recorded_term  # noqa: E402
@@ -166,3 +171,31 @@ def test_the_path_is_not_taken_where_another_derivative_can_ask(monkeypatch, whe
     assert made == []
     decorated(x).sum().backward()  # (and where it is, it is counted)
     assert made == ([] if where == "order 1" else [1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(elementwise_cases())
+def test_any_shape_dtype_and_awkward_values_give_the_ordinary_ops_bits(case):
+    """A VJP of two arguments (x elementwise, a scale by a sum) that closes over an awkward derivative, at an
+    awkward cotangent, in every float dtype (bfloat16 too) and shape (0-d and empty too)."""
+    value, derivative, x, dtype = case
+    fx, g, ct = (torch.tensor(a, dtype=dtype) for a in (value, derivative, value))
+
+    def f(x, s):
+        return fx * 1.0, lambda ct: (ct * g, (ct * g).sum().reshape(s.shape))
+
+    decorated = sgm.custom_gradient(f, order=2)
+
+    def gradients():
+        xs = [torch.tensor(x, dtype=dtype, requires_grad=True), torch.ones((), dtype=dtype, requires_grad=True)]
+        return [tensor_bits(d) for d in torch.autograd.grad(decorated(*xs), xs, ct)]
+
+    made = []
+    recorded = recorded_term.recorded
+    with mock.patch.object(recorded_term, "recorded", lambda *a: made.append(1) or recorded(*a)):
+        fast = gradients()
+    with mock.patch.object(recorded_term, "reverse_alone", lambda: False):
+        ordinary = gradients()
+    assert made == [1]
+    for a, b in zip(fast, ordinary, strict=True):
+        assert a.shape == b.shape and (a == b).all()
