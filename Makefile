@@ -107,6 +107,7 @@ test-torch-newest: $(NEWEST_TORCH)/.installed
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/jax_run.py
+	$(BIN)/python benchmarks/jax_real_code.py
 	$(BIN)/python benchmarks/torch_run.py
 	$(BIN)/python benchmarks/torch_real_code.py
 	$(BIN)/python benchmarks/tfp_inside.py

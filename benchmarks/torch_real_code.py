@@ -1,10 +1,12 @@
 """python benchmarks/torch_real_code.py: real code's Functions, with their base class changed, as ratios to
 torch.autograd.Function in one run.
 
-Three classes in the shape public projects write them, restated here: PyTorch's documented linear layer (two
+Five classes in the shape public projects write them, restated here: PyTorch's documented linear layer (two
 arguments and a bias, ``needs_input_grad`` guarding each gradient), a straight-through quantizer whose learned
 scale is an argument (LSQ's shape: x's gradient passes where x is in range, the scale gets the rounding error's),
-and a norm guarded at the zero row (``where(r > 0, g / r, 0)``). Each is timed as ``torch.autograd.Function`` (the
+a norm guarded at the zero row (``where(r > 0, g / r, 0)``), a sparse projection (sparsemax: sort, cumulative
+sum, threshold; the gradient centred on the support) and a linear solve as a custom root (y = A⁻¹b, its gradient
+by the adjoint solve). Each is timed as ``torch.autograd.Function`` (the
 anchor) and as ``stopgrad_math.torch.Function`` (the same body), for eager value + gradient, an eager call nothing
 differentiates, and value + gradient under ``torch.compile(fullgraph=True)``, at a small size and at 256×512, in
 ``--blocks`` interleaved blocks: a ratio is the median over blocks with its range. Writes
@@ -69,10 +71,42 @@ def _norm_backward(ctx, grad):  # type: ignore[no-untyped-def]
     return torch.where(r > 0, grad / r, torch.zeros_like(r)) * x
 
 
+def _sparsemax_forward(ctx, z):  # type: ignore[no-untyped-def]
+    ranked = torch.sort(z, dim=-1, descending=True).values
+    ks = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype, device=z.device)
+    cumulative = ranked.cumsum(-1) - 1
+    support = (ranked * ks > cumulative).sum(-1, keepdim=True)
+    out = torch.clamp(z - cumulative.gather(-1, support - 1) / support.to(z.dtype), min=0)
+    ctx.save_for_backward(out)
+    return out
+
+
+def _sparsemax_backward(ctx, grad):  # type: ignore[no-untyped-def]
+    (out,) = ctx.saved_tensors
+    support = out > 0
+    kept = torch.where(support, grad, 0.0)
+    mean = kept.sum(-1, keepdim=True) / support.sum(-1, keepdim=True).to(grad.dtype)
+    return torch.where(support, kept - mean, 0.0)
+
+
+def _solve_forward(ctx, a, b):  # type: ignore[no-untyped-def]
+    y = torch.linalg.solve(a, b)
+    ctx.save_for_backward(a, y)
+    return y
+
+
+def _solve_backward(ctx, grad):  # type: ignore[no-untyped-def]
+    a, y = ctx.saved_tensors
+    adjoint = torch.linalg.solve(a.mT, grad)  # the root's implicit gradient: one solve with Aᵀ
+    return -adjoint @ y.mT, adjoint
+
+
 _BODIES = {
     "linear layer": (_linear_forward, _linear_backward),
     "STE quantizer, learned scale": (_quantize_forward, _quantize_backward),
     "safe norm": (_norm_forward, _norm_backward),
+    "sparsemax": (_sparsemax_forward, _sparsemax_backward),
+    "linear solve, custom root": (_solve_forward, _solve_backward),
 }
 
 
@@ -94,6 +128,10 @@ def inputs(case: str, shape: tuple[int, int], device: str) -> list[torch.Tensor]
     elif case == "safe norm":
         x[0] = 0.0  # a zero row: the guard's case
         made = [x]
+    elif case == "sparsemax":
+        made = [x]
+    elif case == "linear solve, custom root":  # A well conditioned, of the rows' size; b of the shape
+        made = [torch.eye(rows) * rows ** 0.5 + torch.randn(rows, rows, generator=generator) / rows ** 0.5, x]
     else:
         made = [4 * x, torch.tensor([0.5])]
     return [t.to(device) for t in made]

@@ -1,4 +1,5 @@
-"""The JAX rows of the speed suite: every implementation computes the same numbers, and a run writes its report."""
+"""The JAX rows of the speed suite (log1pexp, and real code's custom VJPs): every implementation computes the same
+numbers, and a run writes its report."""
 
 import pathlib
 import subprocess
@@ -9,6 +10,7 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+import jax_real_code  # noqa: E402
 import jax_run  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -53,3 +55,24 @@ def test_run_writes_the_table(tmp_path):
     assert "## value+grad" in text and "## jvp" in text and "## eager value+grad" in text
     assert "| jax.custom_vjp | n/a (no forward mode) |" in text
     assert "| jax.custom_jvp (anchor) | " in text and "1.00×" in text
+
+
+# ---------------------------------------------------------------- real code's custom VJPs (jax_real_code.py)
+
+
+@pytest.mark.parametrize("case", list(jax_real_code.RULES))
+@pytest.mark.parametrize("phase", jax_real_code.PHASES)
+def test_a_real_codes_port_computes_the_anchors_numbers(case, phase):
+    """The ratios compare mechanisms only if both compute the same value and gradients."""
+    xs = jax_real_code.inputs(case, (4, 8))
+    results = [jax_real_code.program(function, phase, len(xs))(*xs)
+               for function in jax_real_code.functions(case).values()]
+    for got, want in zip(*(jax.tree_util.tree_leaves(r) for r in results), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_real_code_run_writes_its_report(tmp_path):
+    assert jax_real_code.main(["--out", str(tmp_path), "--blocks", "1", "--min-time", "0", "--shapes", "small",
+                               "--cases", "safe norm", "sparsemax"]) == 0
+    text = (tmp_path / "latest-jax-real.md").read_text()
+    assert "## jit value+grad" in text and "| sparsemax |" in text and "## eager, no derivative" in text

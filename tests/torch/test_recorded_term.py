@@ -21,8 +21,8 @@ from bit_patterns import bits  # noqa: E402
 from function_shim import ported  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from test_ported_functions import PAIRS  # noqa: E402
-from torch_modes import elementwise_cases, fresh_compilation  # noqa: E402
 from torch_modes import bits as tensor_bits  # noqa: E402
+from torch_modes import elementwise_cases, fresh_compilation  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
 from stopgrad_math.torch import recorded_term  # noqa: E402
