@@ -86,6 +86,10 @@ PRODUCTS = frozenset({
 # Linear in their first input only: a quotient is linear in its numerator.
 QUOTIENTS = frozenset({"RealDiv", "Div", "DivNoNan"})
 
+# Linear in their right-hand side (input 1) where the matrix (input 0) does not carry the upstream: x = A⁻¹b, the
+# adjoint solve of an implicit gradient. Each one's gradient in b is the solve with Aᴴ, its exact transpose.
+SOLVES = frozenset({"MatrixSolve", "MatrixTriangularSolve", "BandedTriangularSolve", "TridiagonalSolve"})
+
 # The gradient ops of the standard layers, by the input that is the upstream gradient: each is the chain rule's
 # product of that input by a Jacobian of the others (the saved features or outputs, the pooled input and output,
 # the batch statistics), linear in it where no other input carries the upstream. None branches on, clips or scales
@@ -198,6 +202,10 @@ def _quotient(op: tf.Operation, carrying: Sequence[bool], zero: Callable[[tf.Ten
     return Verdict(Kind.NONLINEAR, "it divides by the upstream") if carrying[1] else _LINEAR
 
 
+def _solve(op: tf.Operation, carrying: Sequence[bool], zero: Callable[[tf.Tensor], bool]) -> Verdict:
+    return Verdict(Kind.NONLINEAR, "it solves with a matrix the upstream reaches") if carrying[0] else _LINEAR
+
+
 def _sum(op: tf.Operation, carrying: Sequence[bool], zero: Callable[[tf.Tensor], bool]) -> Verdict:
     constant = [k for k in _inexact_inputs(op) if not carrying[k] and not zero(op.inputs[k])]
     if constant:
@@ -231,6 +239,7 @@ _RULES: dict[str, _Rule] = {
     **dict.fromkeys(STRUCTURAL, _structural),
     **dict.fromkeys(PRODUCTS, _product),
     **dict.fromkeys(QUOTIENTS, _quotient),
+    **dict.fromkeys(SOLVES, _solve),
     **dict.fromkeys(SUMS, _sum),
     **dict.fromkeys(SELECTS, _select),
     **dict.fromkeys(LAYER_GRADIENTS, _layer_gradient),

@@ -209,6 +209,11 @@ RULES: dict[str, _Rule] = {
         Finding(op, "solves against the cotangent") if _carries(operands[0]) else State.LINEAR),
     "triangular_solve": lambda op, operands, literals: (  # (b, A): linear in b
         Finding(op, "solves against the cotangent") if _carries(operands[1]) else State.LINEAR),
+    # (A, B): x = A⁻¹B, linear in B, an implicit gradient's adjoint solve; its other results (LU, pivots, info) are
+    # the matrix's alone (``_RESULT_OF_THE_RIGHT_HAND_SIDE``)
+    **{name: (lambda op, operands, literals: (
+        Finding(op, "solves against the cotangent") if _carries(operands[0]) else State.LINEAR))
+       for name in ("linalg_solve", "_linalg_solve_ex")},
     **{name: _refused(_CLIPS) for name in (
         "clamp", "clamp_min", "clamp_max", "clip", "relu", "hardtanh", "leaky_relu", "maximum", "minimum", "max",
         "min", "amax", "amin", "fmax", "fmin", "nan_to_num")},
@@ -220,6 +225,9 @@ RULES: dict[str, _Rule] = {
         "tanh", "sigmoid", "softplus", "norm", "linalg_vector_norm", "linalg_norm", "frobenius_norm", "prod",
         "cumprod", "logsumexp", "_softmax", "_log_softmax", "round", "floor", "ceil", "trunc", "frac")},
 }
+
+# Ops with several results of which one alone is linear in the cotangent, by index: the others are CONST.
+_RESULT_OF_THE_RIGHT_HAND_SIDE = {"_linalg_solve_ex": 0}
 
 # Ops that make zeros: ZERO where their fill is 0. Those that read a tensor's dtype, shape and device alone (``like``
 # and ``new_``) do not depend on its values, the cotangent's included: they are constants, zeros where they fill 0.
@@ -264,7 +272,12 @@ class _Walk:
         if node.op != "call_function":  # get_attr: a tensor the VJP closes over
             return State.CONST
         if node.target is operator.getitem:
-            return self.states_in(node.args[0])[0]
+            state = self.states_in(node.args[0])[0]
+            source = node.args[0]
+            if isinstance(source, fx.Node) and node.args[1] != _RESULT_OF_THE_RIGHT_HAND_SIDE.get(
+                    op_name(source.target), node.args[1]) and not isinstance(state, Finding):
+                return State.CONST  # (a factor of the matrix alone, which no cotangent reaches)
+            return state
         arguments, literals = _arguments(node)
         operands = [self.states_in(value) for value in arguments]
         flat = [s for states in operands for s in states]

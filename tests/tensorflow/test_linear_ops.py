@@ -12,7 +12,7 @@ ENTRIES = (
     + [(name, Kind.NONLINEAR) for name in linear_ops.NONLINEAR]
     + [(name, Kind.NONLINEAR) for name in linear_ops.COLLECTIVES]
     + [(name, Kind.LINEAR) for name in linear_ops.STRUCTURAL | linear_ops.PRODUCTS | linear_ops.QUOTIENTS
-       | linear_ops.SUMS | linear_ops.SELECTS]
+       | linear_ops.SUMS | linear_ops.SELECTS | linear_ops.SOLVES]
 )
 
 
@@ -33,6 +33,8 @@ def _carrying(name):
     """Inputs that carry the upstream where the op is linear: the values of a select, every term of a sum."""
     if name in linear_ops.SELECTS:
         return [False, True, True]
+    if name in linear_ops.SOLVES:  # the right-hand side
+        return [False, True, False]
     return [True] * 3 if name in linear_ops.SUMS else [True, False, False]
 
 
@@ -75,6 +77,7 @@ def _verdicts(grad_fn, shape=(None,)):
 
 
 W = tf.constant([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+SQUARE = tf.constant([[3.0, 0.0, 0.0], [1.0, 4.0, 0.0], [0.5, 1.0, 5.0]])  # lower triangular, well conditioned
 
 
 @pytest.mark.parametrize(
@@ -89,6 +92,9 @@ W = tf.constant([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
         (lambda d: d + 1.0, "AddV2", Kind.NONLINEAR),
         (lambda d: tf.where([True, False, True], d, 0.0), "SelectV2", Kind.LINEAR),
         (lambda d: tf.where([True, False, True], d, 1.0), "SelectV2", Kind.NONLINEAR),
+        (lambda d: tf.linalg.solve(SQUARE, d[:, None])[:, 0], "MatrixSolve", Kind.LINEAR),
+        (lambda d: tf.linalg.solve(tf.linalg.diag(d), SQUARE), "MatrixSolve", Kind.NONLINEAR),
+        (lambda d: tf.linalg.triangular_solve(SQUARE, d[:, None])[:, 0], "MatrixTriangularSolve", Kind.LINEAR),
         (lambda d: tf.cast(d, tf.float64), "Cast", Kind.LINEAR),
         (lambda d: tf.cast(d, tf.int32), "Cast", Kind.NONLINEAR),
         (lambda d: tf.pad(d, [[1, 0]], constant_values=0.0), "Pad", Kind.LINEAR),
@@ -114,3 +120,33 @@ def test_zero_is_decided_from_the_ops_that_make_it():
         return x
 
     trace.get_concrete_function(tf.TensorSpec(None))
+
+
+@pytest.mark.parametrize("how", ["eager", "tf.function"])
+def test_a_grad_fn_that_solves_is_embedded_in_both_modes(how):
+    """An implicit gradient's adjoint solve (A⁻ᵀ·ct) in grad_fn, which tf.custom_gradient runs: reverse mode is
+    A⁻ᵀw and forward mode A⁻¹v, against NumPy's inverse."""
+    import numpy as np
+
+    import stopgrad_math as sgm
+
+    matrix = tf.cast(SQUARE + tf.transpose(SQUARE), tf.float64)  # full, not triangular
+
+    @sgm.custom_gradient
+    def solve(b):
+        return tf.linalg.solve(matrix, b), lambda ct: tf.linalg.solve(matrix, ct, adjoint=True)
+
+    b, v, w = (tf.constant(c, tf.float64) for c in ([[1.0], [2.0], [3.0]], [[0.5], [-1.0], [2.0]],
+                                                    [[1.5], [0.25], [-2.0]]))
+
+    def both(b):
+        with tf.autodiff.ForwardAccumulator(b, v) as forward, tf.GradientTape() as tape:
+            tape.watch(b)
+            y = solve(b)
+            loss = tf.reduce_sum(w * y)
+        return forward.jvp(y), tape.gradient(loss, b)
+
+    tangent, gradient = (tf.function(both) if how == "tf.function" else both)(b)
+    inverse = np.linalg.inv(matrix.numpy())
+    np.testing.assert_allclose(tangent, inverse @ v.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(gradient, inverse.T @ w.numpy(), rtol=1e-12)

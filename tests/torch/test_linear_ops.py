@@ -48,6 +48,7 @@ LINEAR = {  # case: (vjp, an ATen op its graph must hold)
     "division by a constant": (lambda ct: ct / S, "div"),
     "triangular solve": (lambda ct: torch.linalg.solve_triangular(L, ct[:, None], upper=False)[:, 0],
                          "linalg_solve_triangular"),
+    "dense solve": (lambda ct: torch.linalg.solve(M + 4 * torch.eye(4), ct[:, None])[:, 0], "_linalg_solve_ex"),
     "zeros added": (lambda ct: ct + torch.zeros(4), "add"),
     # traced as a backward runs, where detach and .data are no-ops on the cotangent's values (each recorded as
     # detach_copy, which make_fx records as itself on every version: from 2.14 it records detach as alias)
@@ -76,6 +77,8 @@ REFUSED = {  # case: (vjp, the op the finding names, what its reason says)
                                           "not zero"),
     "cast to an integer": (lambda ct: (ct * 10).to(torch.int32).float(), "_to_copy", "torch.int32"),
     "an op the table lacks": (lambda ct: torch.erf(ct), "erf", "not in the table"),
+    "a solve with the cotangent in the matrix": (lambda ct: torch.linalg.solve_ex(torch.diag(ct), S)[0],
+                                                 "_linalg_solve_ex", "solves against the cotangent"),
 }
 
 
@@ -214,3 +217,11 @@ def test_in_place_updates_are_judged_after_functionalization():
 
     [finding] = aten_graphs.trace(clipped_in_place, torch.zeros(4)).states()
     assert isinstance(finding, Finding) and finding.primitive == "clamp"
+
+
+def test_a_solves_other_results_are_the_matrixs_alone():
+    """``_linalg_solve_ex`` returns x = A⁻¹B and A's LU factors, pivots and info: only x is linear in a cotangent
+    B; the info a VJP reads (linalg.solve_ex's second result) is a constant of A, never taken for linear."""
+    graph = _graph(lambda ct: torch.linalg.solve_ex(M + 4 * torch.eye(4), ct[:, None])[1].to(ct.dtype) * S)
+    assert "_linalg_solve_ex" in _ops(graph)
+    assert graph.states() == [State.CONST]

@@ -1,10 +1,11 @@
 """Real autograd.Functions of the kinds public projects write, restated in our words, each beside two ports: to
 ``@custom_gradient`` as docs/torch.md says to port one (issue 54), and to ``stopgrad_math.torch.Function`` by
 changing the base class alone (issue 55): a sparsemax projection, a gradient multiplier, a quantizer with a
-learned step size, PyTorch's documented linear layer with ``needs_input_grad``, a differentiable top-k mask and an
-eigendecomposition's backward with two cotangents. The truth is the author's Function in reverse mode
-(``backward`` and ``torch.autograd.grad``; its Jacobian, row by row, for our forward mode; its gradients sample by
-sample for vmap), and where the formula has one, PyTorch's autodiff of it."""
+learned step size, PyTorch's documented linear layer with ``needs_input_grad``, a differentiable top-k mask, an
+eigendecomposition's backward with two cotangents and a linear solve's implicit gradient (an adjoint solve). The
+truth is the author's Function in reverse mode (``backward`` and ``torch.autograd.grad``; its Jacobian, row by row,
+for our forward mode; its gradients sample by sample for vmap), and where the formula has one, PyTorch's autodiff
+of it."""
 
 import warnings
 
@@ -151,6 +152,22 @@ class Eigh(torch.autograd.Function):
         return _eigh_backward(w, v, dw, dv)
 
 
+class LinearSolve(torch.autograd.Function):
+    """A root's implicit gradient: y = A⁻¹b, both gradients from one adjoint solve."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        y = torch.linalg.solve(a, b)
+        ctx.save_for_backward(a, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, y = ctx.saved_tensors
+        adjoint = torch.linalg.solve(a.mT, grad)
+        return -adjoint @ y.mT, adjoint
+
+
 # ---------------------------------------------------------------- their ports, as docs/torch.md says to port one
 
 
@@ -203,6 +220,17 @@ def eigh(a):
     return (w, v), lambda cts: _eigh_backward(w, v, *cts)  # one tuple of cotangents, not backward(dw, dv)
 
 
+@sgm.custom_gradient
+def linear_solve(a, b):
+    y = torch.linalg.solve(a, b)
+
+    def vjp(ct):
+        adjoint = torch.linalg.solve(a.mT, ct)
+        return -adjoint @ y.mT, adjoint
+
+    return y, vjp
+
+
 # ---------------------------------------------------------------- side by side
 
 GEN = torch.Generator().manual_seed(54)
@@ -211,6 +239,8 @@ X = torch.randn(4, 5, generator=GEN, dtype=torch.float64) * 2.0
 W, B = torch.randn(3, 5, generator=GEN, dtype=torch.float64), torch.randn(3, generator=GEN, dtype=torch.float64)
 STEP = torch.tensor([0.4], dtype=torch.float64)
 SYMMETRIC = (lambda m: m + m.t())(torch.randn(4, 4, generator=GEN, dtype=torch.float64))
+WELL_CONDITIONED = SYMMETRIC + 6.0 * torch.eye(4, dtype=torch.float64)
+RIGHT_HAND_SIDES = torch.randn(4, 3, generator=GEN, dtype=torch.float64)
 
 def _loss(fn, *args):
     """A fixed, sign-invariant weighting of the outputs (eigenvectors enter squared)."""
@@ -262,6 +292,7 @@ PAIRS = {  # ours, the Function's apply, the arguments, which of them are differ
     "linear with needs_input_grad": (linear, LinearFunction.apply, (X, W, B), (0, 1, 2)),
     "top-k mask": (top_k_mask, TopKMask.apply, (X, 2), (0,)),
     "eigh": (eigh, Eigh.apply, (SYMMETRIC,), (0,)),
+    "linear solve": (linear_solve, LinearSolve.apply, (WELL_CONDITIONED, RIGHT_HAND_SIDES), (0, 1)),
 }
 
 
