@@ -159,6 +159,7 @@ def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str],
         for size, shape in shapes.items():
             xs = inputs(case, shape, device)
             for phase in phases:
+                torch._dynamo.reset()  # (each class's apply is one code object to Dynamo: a compile per class and size)
                 programs = {name: program(function, phase, backend) for name, function in classes(case).items()}
                 calls = {name: (lambda p=p, xs=xs: p(xs)) for name, p in programs.items()}
                 for call in calls.values():  # compiled and warmed up

@@ -1,5 +1,5 @@
-"""The speed suite: its implementations compute the same numbers, its target checks
-read the rows right, and `python benchmarks/run.py` writes a whole report."""
+"""The speed suite: its implementations compute the same numbers (the cases of `run.py`, and real code's custom
+gradients in `tf_real_code.py`), its target checks read the rows right, and each script writes its report."""
 
 import json
 import pathlib
@@ -12,6 +12,7 @@ import pytest
 import report
 import run
 import tensorflow as tf
+import tf_real_code
 
 PLAIN = "plain autodiff (floor)"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -131,3 +132,23 @@ def test_run_writes_tables_plot_and_rows(tmp_path):
     served = [row for row in rows if row["implementation"] in (*report.SERVED, report.PLAIN) and row["mode"] != "eager"]
     assert served and all(row[report.VALUES_ONLY] > 0 for row in served)
     assert (tmp_path / "latest.png").stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------- real code's custom gradients (tf_real_code.py)
+
+
+@pytest.mark.parametrize("case", list(tf_real_code.RULES))
+@pytest.mark.parametrize("phase", tf_real_code.PHASES)
+def test_a_real_codes_port_computes_the_anchors_numbers(case, phase):
+    """The ratios compare mechanisms only if both compute the same value and gradients."""
+    xs = tf_real_code.inputs(case, (4, 8))
+    results = [tf_real_code.program(function, phase)(*xs) for function in tf_real_code.functions(case).values()]
+    for got, want in zip(*(tf.nest.flatten(r) for r in results), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_real_code_run_writes_its_report(tmp_path):
+    assert tf_real_code.main(["--out", str(tmp_path), "--blocks", "1", "--min-time", "0", "--shapes", "small",
+                              "--cases", "safe norm", "sparsemax"]) == 0
+    text = (tmp_path / "latest-tf-real.md").read_text()
+    assert "## tf.function value+grad" in text and "| sparsemax |" in text and "## eager, no tape" in text

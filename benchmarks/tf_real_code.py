@@ -1,0 +1,207 @@
+"""python benchmarks/tf_real_code.py: real code's custom gradients on ``stopgrad_math.custom_gradient``, as ratios to
+``tf.custom_gradient`` in one run.
+
+Five rules in the shape public projects write them, restated here, each decorated with ``tf.custom_gradient`` (the
+anchor) and with ``stopgrad_math.custom_gradient`` (the same function): a linear layer (x·Wᵀ + b, three
+gradients), a straight-through quantizer whose learned scale is an argument (LSQ's shape), a sparse projection
+(sparsemax: sort, cumulative sum, threshold; the gradient centred on the support), a norm guarded at the zero row
+(``where(r > 0, g / r, 0)``), and a linear solve as a custom root (y = A⁻¹b, its gradient by the adjoint solve).
+Each is timed for eager value + gradient (one ``GradientTape``), an eager call with no tape, and value + gradient
+under ``tf.function``, at a small size and at 256×512, in ``--blocks`` interleaved blocks: a ratio is the median
+over blocks with its range. Writes ``results/latest-tf-real.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+
+import stopgrad_math as sgm
+
+ANCHOR = "tf.custom_gradient"
+OURS = "stopgrad_math.custom_gradient"
+PHASES = ("eager value+grad", "eager, no tape", "tf.function value+grad")
+SHAPES = {"small": (8, 16), "256×512": (256, 512)}
+LEVELS = 7.0  # the quantizer's largest level: x / scale is rounded and clipped to [−LEVELS, LEVELS]
+
+
+def _linear(x: tf.Tensor, weight: tf.Tensor, bias: tf.Tensor) -> Any:
+    def grad(ct: tf.Tensor) -> Any:
+        return ct @ weight, tf.transpose(ct) @ x, tf.reduce_sum(ct, 0)
+
+    return x @ tf.transpose(weight) + bias, grad
+
+
+def _quantize(x: tf.Tensor, scale: tf.Tensor) -> Any:
+    ratio = x / scale
+    rounded = tf.clip_by_value(tf.round(ratio), -LEVELS, LEVELS)
+
+    def grad(ct: tf.Tensor) -> Any:
+        inside = tf.cast(tf.abs(ratio) <= LEVELS, ct.dtype)
+        return ct * inside, tf.reshape(tf.reduce_sum(ct * (rounded - ratio * inside)), [1])
+
+    return rounded * scale, grad
+
+
+def _sparsemax(z: tf.Tensor) -> Any:
+    ranked = tf.sort(z, axis=-1, direction="DESCENDING")
+    ks = tf.range(1, tf.shape(z)[-1] + 1, dtype=z.dtype)
+    cumulative = tf.cumsum(ranked, axis=-1) - 1
+    support = tf.reduce_sum(tf.cast(ranked * ks > cumulative, tf.int32), axis=-1, keepdims=True)
+    tau = tf.gather(cumulative, support - 1, batch_dims=1) / tf.cast(support, z.dtype)
+    out = tf.maximum(z - tau, 0.0)
+    inside = out > 0
+
+    def grad(ct: tf.Tensor) -> Any:
+        kept = tf.where(inside, ct, 0.0)
+        mean = tf.reduce_sum(kept, -1, keepdims=True) / tf.cast(tf.reduce_sum(tf.cast(inside, tf.int32), -1,
+                                                                               keepdims=True), ct.dtype)
+        return tf.where(inside, kept - mean, 0.0)
+
+    return out, grad
+
+
+def _norm(x: tf.Tensor) -> Any:
+    r = tf.sqrt(tf.reduce_sum(x * x, axis=1, keepdims=True))
+
+    def grad(ct: tf.Tensor) -> Any:
+        return tf.where(r > 0, ct / tf.where(r > 0, r, 1.0), 0.0) * x
+
+    return r, grad
+
+
+def _solve(a: tf.Tensor, b: tf.Tensor) -> Any:
+    y = tf.linalg.solve(a, b)
+
+    def grad(ct: tf.Tensor) -> Any:
+        adjoint = tf.linalg.solve(a, ct, adjoint=True)  # the root's implicit gradient: one solve with Aᵀ
+        return -adjoint @ tf.transpose(y), adjoint
+
+    return y, grad
+
+
+RULES: dict[str, Callable[..., Any]] = {
+    "linear layer": _linear,
+    "STE quantizer, learned scale": _quantize,
+    "sparsemax": _sparsemax,
+    "safe norm": _norm,
+    "linear solve, custom root": _solve,
+}
+
+
+def functions(case: str) -> dict[str, Callable[..., tf.Tensor]]:
+    """The case's function decorated by tf.custom_gradient (the anchor) and by stopgrad_math.custom_gradient."""
+    return {ANCHOR: tf.custom_gradient(RULES[case]), OURS: sgm.custom_gradient(RULES[case])}
+
+
+def inputs(case: str, shape: tuple[int, int]) -> list[tf.Tensor]:
+    rows, width = shape
+    generator = tf.random.Generator.from_seed(0)
+    x = generator.normal((rows, width))
+    if case == "linear layer":
+        return [x, generator.normal((width, width)) / width ** 0.5, generator.normal((width,))]
+    if case == "STE quantizer, learned scale":
+        return [4 * x, tf.constant([0.5])]
+    if case == "safe norm":
+        return [tf.concat([tf.zeros((1, width)), x[1:]], 0)]  # a zero row: the guard's case
+    if case == "linear solve, custom root":  # A well conditioned, of the rows' size; b of the shape
+        return [tf.eye(rows) * rows ** 0.5 + generator.normal((rows, rows)) / rows ** 0.5, x]
+    return [x]
+
+
+def program(function: Callable[..., tf.Tensor], phase: str) -> Callable[..., Any]:
+    """What a user runs: the value and the gradients of its sum w.r.t. every argument under one tape, eagerly or
+    in a tf.function, or a call alone."""
+    if phase == "eager, no tape":
+        return function
+
+    def value_and_grad(*xs: tf.Tensor) -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(xs)
+            value = tf.reduce_sum(function(*xs))
+        return value, tape.gradient(value, xs)
+
+    return tf.function(value_and_grad) if phase == "tf.function value+grad" else value_and_grad
+
+
+def _block_medians(calls: dict[str, Callable[[], object]], min_time: float, rounds: int = 7) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    count = 0
+    while count < rounds or sum(map(sum, times.values())) < min_time * len(calls):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, call())
+            times[name].append(time.perf_counter() - start)
+        count += 1
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str], blocks: int,
+        min_time: float) -> list[dict[str, Any]]:
+    rows = []
+    for case in cases:
+        for size, shape in shapes.items():
+            xs = inputs(case, shape)
+            for phase in phases:
+                programs = {name: program(f, phase) for name, f in functions(case).items()}
+                calls = {name: (lambda p=p, xs=xs: p(*xs)) for name, p in programs.items()}
+                for call in calls.values():  # traced and warmed up
+                    call()
+                    call()
+                per_block = [_block_medians(calls, min_time) for _ in range(blocks)]
+                ratios = [block[OURS] / block[ANCHOR] for block in per_block]
+                rows.append({"case": case, "size": size, "phase": phase,
+                             "seconds": statistics.median(block[OURS] for block in per_block),
+                             "ratio": statistics.median(ratios), "ratio_min": min(ratios),
+                             "ratio_max": max(ratios)})
+                print(f"{case:>30} {size:>8} {phase:>24}: {rows[-1]['ratio']:.2f}x", flush=True)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    sizes = list(dict.fromkeys(row["size"] for row in rows))
+    lines = [f"# TensorFlow, real code: {OURS} against {ANCHOR}", "",
+             f"Device: CPU: {platform.machine()}, {os.cpu_count()} threads; TensorFlow {tf.__version__}. Each cell: "
+             "the port's median time per call, its ratio to the anchor's (the median over interleaved blocks) and "
+             "the range over blocks.", ""]
+    for phase in dict.fromkeys(row["phase"] for row in rows):
+        lines += [f"## {phase}", "", "| case | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
+        for case in dict.fromkeys(row["case"] for row in rows):
+            cells = {row["size"]: f"{row['seconds'] * 1e6:.1f} µs, {row['ratio']:.2f}× "
+                                  f"[{row['ratio_min']:.2f}–{row['ratio_max']:.2f}]"
+                     for row in rows if row["case"] == case and row["phase"] == phase}
+            lines.append(f"| {case} | " + " | ".join(cells.get(size, "") for size in sizes) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of repeats per block")
+    parser.add_argument("--cases", nargs="*", default=list(RULES), choices=list(RULES))
+    parser.add_argument("--phases", nargs="*", default=PHASES, choices=PHASES)
+    parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    args = parser.parse_args(argv)
+    rows = run(args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases, args.blocks, args.min_time)
+    text = markdown(rows)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest-tf-real.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
