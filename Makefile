@@ -106,6 +106,7 @@ test-torch-newest: $(NEWEST_TORCH)/.installed
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/tf_real_code.py
 	$(BIN)/python benchmarks/jax_run.py
 	$(BIN)/python benchmarks/jax_real_code.py
 	$(BIN)/python benchmarks/torch_run.py
