@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import threading
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
@@ -256,15 +257,20 @@ def _route(cls: type[Function], args: tuple[Any, ...]) -> Route:
     signature fell back before; else embedded, which the call itself may still find it cannot be."""
     if cls._stopgrad_math_forward.marks_dirty:
         return Route(embedded=False, reason=DIRTY.format(name=cls.__name__))
-    if identity.compiling():
+    if identity.compiling() or cls not in _FELL_BACK:  # (a class that never fell back: no key to make)
         return _EMBEDDED
     key = _signature(cls, args)
     known = None if key is None else _FALLBACKS.get(key)
     return _EMBEDDED if known is None else known
 
 
+_FELL_BACK: weakref.WeakSet[type[Function]] = weakref.WeakSet()
+"""The classes with a call that fell back: only theirs make a key to look up in ``_FALLBACKS``."""
+
+
 def _remembered(cls: type[Function], args: tuple[Any, ...], reason: str) -> Route:
     route = Route(embedded=False, reason=reason)
+    _FELL_BACK.add(cls)
     key = _signature(cls, args)
     return route if key is None else _FALLBACKS.put(key, route)
 

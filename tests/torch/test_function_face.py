@@ -344,12 +344,12 @@ class SavesAndMarks(torch.autograd.Function):
 def test_a_call_nothing_differentiates_costs_the_forward_alone(monkeypatch):
     """Issue 75: where nothing can ask a derivative (no argument requires grad, or grad mode off; no dual level,
     transform or compilation), the port runs the forward with its ctx, as torch.autograd.Function.apply does: no
-    route (its key reads every argument), no decorated call. Its outputs are the Function's, bit for bit; a call
+    route, no decorated call. Its outputs are the Function's, bit for bit; a call
     that does differentiate still takes both."""
     from stopgrad_math.torch import decorator_form, function_face
 
     calls = []
-    for module, name in ((function_face, "_signature"), (decorator_form, "call_or_fall_back")):
+    for module, name in ((function_face, "_route"), (decorator_form, "call_or_fall_back")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
     x, w = torch.randn(4, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
@@ -360,8 +360,27 @@ def test_a_call_nothing_differentiates_costs_the_forward_alone(monkeypatch):
     assert calls == []
     y, _ = port.apply(x, w)
     y.sum().backward()
-    assert calls[:2] == ["_signature", "call_or_fall_back"]
+    assert calls[:2] == ["_route", "call_or_fall_back"]
     assert torch.equal(w.grad, 0.5 * torch.ones(4, 2, dtype=torch.float64).T @ x)
+
+
+def test_a_signature_that_fell_back_falls_back_at_once_and_no_other_class_makes_a_key(monkeypatch):
+    """The fall-back is remembered by class and signature: the second call of a clipping backward traces nothing
+    and is still the Function's, bit for bit; a class none of whose calls fell back makes no key at all (issue 75:
+    the key reads every argument at every call)."""
+    from stopgrad_math.torch import function_face, tracing
+
+    traced, keyed = [], []
+    for module, name, calls in ((tracing, "traced_vjp", traced), (function_face, "_signature", keyed)):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _o=original, _c=calls: _c.append(1) or _o(*a))
+    clipping, linear = ported(ClipGradient), ported(Exp2)
+    for calls in (1, 2):
+        assert torch.equal(_reverse(clipping.apply, 1.0), _reverse(ClipGradient.apply, 1.0))
+        assert len(traced) == 1 and len(keyed) == calls  # (traced once; remembered, then looked up)
+    del keyed[:]
+    _reverse(linear.apply)
+    assert keyed == []
 
 
 def _without_grad(function, *args):
