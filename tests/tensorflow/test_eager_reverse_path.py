@@ -6,13 +6,18 @@ sign, a complex zero's), with the path forced off for the reference, and the pat
 The grad_fns restated from real code: an elementwise rule at awkward values, a linear layer's (ct·Wᵀ, Xᵀ·ct)
 with a NaN in X, a sum's broadcast, two outputs whose gradients add, three uses of the upstream, a complex sine,
 half precision, an embedding's rows (tf.IndexedSlices), a gradient for one argument of two, and a quantizer with
-a closed-over scale.
+a closed-over scale; and hypothesis's shapes (0-d and empty), dtypes and awkward values.
 """
+
+from unittest import mock
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from bit_patterns import bits
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import stopgrad_math as sgm
 from stopgrad_math.tensorflow import decorator_form, recorded_term
@@ -232,3 +237,38 @@ def test_at_order_2_one_tape_alone_makes_no_probe():
     with tf.autodiff.ForwardAccumulator(x, _x([1.0, 2.0])) as accumulator:
         y = decorated(x)
     np.testing.assert_allclose(accumulator.jvp(y), _x([1.0, 2.0]) * tf.cos(x), rtol=1e-6)
+
+
+_DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32, "float64": tf.float64}
+_VALUES = st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25, 3e4, 1e-30])
+
+
+@st.composite
+def _awkward_cases(draw):
+    """x, a derivative g that grad_fn closes over, and the upstream, as float64 arrays of one shape, and a dtype."""
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3))
+    x, g, upstream = (draw(hnp.arrays(np.float64, shape, elements=_VALUES)) for _ in range(3))
+    return x, g, upstream, _DTYPES[draw(st.sampled_from(sorted(_DTYPES)))]
+
+
+@settings(max_examples=40, deadline=None)
+@given(_awkward_cases())
+def test_any_shape_dtype_and_awkward_values_give_the_transpose_routes_bits(case):
+    """grad_fn of two arguments (x elementwise, a scale by a sum), closing over an awkward derivative, at an awkward
+    upstream, in every float dtype and shape: the path against the route forced off, bit for bit."""
+    x, g, upstream, dtype = (*(tf.constant(a, tf.float64) for a in case[:3]), case[3])
+    x, g, upstream = (tf.cast(t, dtype) for t in (x, g, upstream))
+
+    def body(x, s):
+        return x * s, lambda ct: (ct * g, tf.reduce_sum(ct * g))
+
+    arguments = [x, tf.constant(1.0, dtype)]
+    taken = []
+    record = recorded_term.grad_fn_recorded
+    with mock.patch.object(recorded_term, "grad_fn_recorded", lambda plan: taken.append(1) or record(plan)):
+        fast = _gradients(body, arguments, upstream)
+    with mock.patch.object(decorator_form, "_reverse_alone", lambda plan: False):
+        reference = _gradients(body, arguments, upstream)
+    assert taken == ([] if x.shape.num_elements() == 1 else [1])  # (one element: the identity form, J = grad_fn(1))
+    for got, want in zip(fast, reference, strict=True):
+        np.testing.assert_array_equal(bits(got), bits(want))
