@@ -13,9 +13,6 @@ range. Writes ``results/latest-jax-real.md`` (``-gpu`` on a GPU).
 
 from __future__ import annotations
 
-import argparse
-import pathlib
-import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -23,13 +20,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import jax_run
+import real_code_report
 
 import stopgrad_math.jax as sgm
 
 ANCHOR = "jax.custom_vjp"
 OURS = "stopgrad_math.jax.custom_vjp"
 PHASES = ("eager value+grad", "eager, no derivative", "jit value+grad")
-SHAPES = {"small": (8, 16), "256×512": (256, 512)}
+SHAPES = real_code_report.SHAPES
 LEVELS = 7.0  # the quantizer's largest level: x / scale is rounded and clipped to [−LEVELS, LEVELS]
 
 
@@ -140,7 +138,7 @@ def program(function: Callable[..., jax.Array], phase: str, count: int) -> Calla
 
 
 def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str], blocks: int,
-        min_time: float) -> list[dict]:
+        min_time: float) -> list[dict[str, Any]]:
     rows = []
     for case in cases:
         for size, shape in shapes.items():
@@ -152,48 +150,17 @@ def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str],
                     jax.block_until_ready(call())
                     jax.block_until_ready(call())
                 per_block = [jax_run.block_medians(calls, min_time) for _ in range(blocks)]
-                ratios = [block[OURS] / block[ANCHOR] for block in per_block]
-                rows.append({"case": case, "size": size, "phase": phase,
-                             "seconds": statistics.median(block[OURS] for block in per_block),
-                             "ratio": statistics.median(ratios), "ratio_min": min(ratios),
-                             "ratio_max": max(ratios)})
-                print(f"{case:>30} {size:>8} {phase:>22}: {rows[-1]['ratio']:.2f}x", flush=True)
+                rows.append(real_code_report.row(case, size, phase, per_block, OURS, ANCHOR))
     return rows
 
 
-def markdown(rows: list[dict], device: str) -> str:
-    sizes = list(dict.fromkeys(row["size"] for row in rows))
-    lines = [f"# JAX, real code: {OURS} against {ANCHOR}", "",
-             f"Device: {device}; JAX {jax.__version__}. Each cell: the port's median time per call, its ratio to the "
-             "anchor's (the median over interleaved blocks) and the range over blocks.", ""]
-    for phase in dict.fromkeys(row["phase"] for row in rows):
-        lines += [f"## {phase}", "", "| case | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
-        for case in dict.fromkeys(row["case"] for row in rows):
-            cells = {row["size"]: f"{row['seconds'] * 1e6:.1f} µs, {row['ratio']:.2f}× "
-                                  f"[{row['ratio_min']:.2f}–{row['ratio_max']:.2f}]"
-                     for row in rows if row["case"] == case and row["phase"] == phase}
-            lines.append(f"| {case} | " + " | ".join(cells.get(size, "") for size in sizes) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
-    parser.add_argument("--blocks", type=int, default=5)
-    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of repeats per block")
-    parser.add_argument("--cases", nargs="*", default=list(RULES), choices=list(RULES))
-    parser.add_argument("--phases", nargs="*", default=PHASES, choices=PHASES)
-    parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
-    args = parser.parse_args(argv)
+    args = real_code_report.options(__doc__, list(RULES), PHASES).parse_args(argv)
     rows = run(args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases, args.blocks, args.min_time)
-    text = markdown(rows, jax_run.device_name())
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    text = real_code_report.markdown(f"JAX, real code: {OURS} against {ANCHOR}",
+                                     f"Device: {jax_run.device_name()}; JAX {jax.__version__}", rows)
     gpu = jax.devices()[0].platform == "gpu"
-    (out / f"latest-jax-real{'-gpu' if gpu else ''}.md").write_text(text)
-    print(text)
-    return 0
+    return real_code_report.written(args.out, f"latest-jax-real{'-gpu' if gpu else ''}.md", text)
 
 
 if __name__ == "__main__":

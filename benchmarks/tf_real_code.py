@@ -13,25 +13,23 @@ over blocks with its range. Writes ``results/latest-tf-real.md``.
 
 from __future__ import annotations
 
-import argparse
 import os
-import pathlib
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import real_code_report
 import tensorflow as tf
+from run import interleaved_medians
 
 import stopgrad_math as sgm
 
 ANCHOR = "tf.custom_gradient"
 OURS = "stopgrad_math.custom_gradient"
 PHASES = ("eager value+grad", "eager, no tape", "tf.function value+grad")
-SHAPES = {"small": (8, 16), "256×512": (256, 512)}
+SHAPES = real_code_report.SHAPES
 LEVELS = 7.0  # the quantizer's largest level: x / scale is rounded and clipped to [−LEVELS, LEVELS]
 
 
@@ -134,18 +132,6 @@ def program(function: Callable[..., tf.Tensor], phase: str) -> Callable[..., Any
     return tf.function(value_and_grad) if phase == "tf.function value+grad" else value_and_grad
 
 
-def _block_medians(calls: dict[str, Callable[[], object]], min_time: float, rounds: int = 7) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    count = 0
-    while count < rounds or sum(map(sum, times.values())) < min_time * len(calls):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, call())
-            times[name].append(time.perf_counter() - start)
-        count += 1
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str], blocks: int,
         min_time: float) -> list[dict[str, Any]]:
     rows = []
@@ -155,52 +141,17 @@ def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str],
             for phase in phases:
                 programs = {name: program(f, phase) for name, f in functions(case).items()}
                 calls = {name: (lambda p=p, xs=xs: p(*xs)) for name, p in programs.items()}
-                for call in calls.values():  # traced and warmed up
-                    call()
-                    call()
-                per_block = [_block_medians(calls, min_time) for _ in range(blocks)]
-                ratios = [block[OURS] / block[ANCHOR] for block in per_block]
-                rows.append({"case": case, "size": size, "phase": phase,
-                             "seconds": statistics.median(block[OURS] for block in per_block),
-                             "ratio": statistics.median(ratios), "ratio_min": min(ratios),
-                             "ratio_max": max(ratios)})
-                print(f"{case:>30} {size:>8} {phase:>24}: {rows[-1]['ratio']:.2f}x", flush=True)
+                per_block = [interleaved_medians(calls, min_time) for _ in range(blocks)]  # (each warms up first)
+                rows.append(real_code_report.row(case, size, phase, per_block, OURS, ANCHOR))
     return rows
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    sizes = list(dict.fromkeys(row["size"] for row in rows))
-    lines = [f"# TensorFlow, real code: {OURS} against {ANCHOR}", "",
-             f"Device: CPU: {platform.machine()}, {os.cpu_count()} threads; TensorFlow {tf.__version__}. Each cell: "
-             "the port's median time per call, its ratio to the anchor's (the median over interleaved blocks) and "
-             "the range over blocks.", ""]
-    for phase in dict.fromkeys(row["phase"] for row in rows):
-        lines += [f"## {phase}", "", "| case | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
-        for case in dict.fromkeys(row["case"] for row in rows):
-            cells = {row["size"]: f"{row['seconds'] * 1e6:.1f} µs, {row['ratio']:.2f}× "
-                                  f"[{row['ratio_min']:.2f}–{row['ratio_max']:.2f}]"
-                     for row in rows if row["case"] == case and row["phase"] == phase}
-            lines.append(f"| {case} | " + " | ".join(cells.get(size, "") for size in sizes) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
-    parser.add_argument("--blocks", type=int, default=5)
-    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of repeats per block")
-    parser.add_argument("--cases", nargs="*", default=list(RULES), choices=list(RULES))
-    parser.add_argument("--phases", nargs="*", default=PHASES, choices=PHASES)
-    parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
-    args = parser.parse_args(argv)
+    args = real_code_report.options(__doc__, list(RULES), PHASES).parse_args(argv)
     rows = run(args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases, args.blocks, args.min_time)
-    text = markdown(rows)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "latest-tf-real.md").write_text(text)
-    print(text)
-    return 0
+    versions = f"Device: CPU: {platform.machine()}, {os.cpu_count()} threads; TensorFlow {tf.__version__}"
+    text = real_code_report.markdown(f"TensorFlow, real code: {OURS} against {ANCHOR}", versions, rows)
+    return real_code_report.written(args.out, "latest-tf-real.md", text)
 
 
 if __name__ == "__main__":

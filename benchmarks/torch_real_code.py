@@ -15,11 +15,10 @@ differentiates, and value + gradient under ``torch.compile(fullgraph=True)``, at
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import sys
 from collections.abc import Callable
 
+import real_code_report
 import torch
 import torch_run
 
@@ -28,7 +27,7 @@ import stopgrad_math.torch as sgm
 ANCHOR = torch_run.ANCHOR
 OURS = "stopgrad_math.torch.Function"
 PHASES = ("eager value+grad", "eager, nothing differentiates", "compiled value+grad")
-SHAPES = {"small": (8, 16), "256×512": (256, 512)}
+SHAPES = real_code_report.SHAPES
 
 
 def _linear_forward(ctx, x, weight, bias):  # type: ignore[no-untyped-def]
@@ -166,45 +165,20 @@ def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str],
                     call()
                     call()
                 per_block = [torch_run.block_medians(calls, xs[0], min_time) for _ in range(blocks)]
-                for row in (torch_run._row(shape[0] * shape[1], phase, OURS, per_block),):
-                    rows.append({**row, "case": case, "size": size})
+                rows.append(real_code_report.row(case, size, phase, per_block, OURS, ANCHOR))
     return rows
 
 
-def markdown(rows: list[dict], device: str) -> str:
-    sizes = list(dict.fromkeys(row["size"] for row in rows))
-    lines = ["# PyTorch, real code: stopgrad_math.torch.Function against torch.autograd.Function", "",
-             f"Device: {device}; torch {torch.__version__}. Each cell: the port's median time per call, its ratio "
-             "to the anchor's (the median over interleaved blocks) and the range over blocks.", ""]
-    for phase in dict.fromkeys(row["phase"] for row in rows):
-        lines += [f"## {phase}", "", "| case | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
-        for case in dict.fromkeys(row["case"] for row in rows):
-            cells = {row["size"]: torch_run._cell_text(row) for row in rows if row["case"] == case
-                     and row["phase"] == phase}
-            lines.append(f"| {case} | " + " | ".join(cells.get(size, "") for size in sizes) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
-    parser.add_argument("--blocks", type=int, default=5)
-    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of repeats per block")
-    parser.add_argument("--cases", nargs="*", default=list(_BODIES), choices=list(_BODIES))
-    parser.add_argument("--phases", nargs="*", default=PHASES, choices=PHASES)
-    parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    parser = real_code_report.options(__doc__, list(_BODIES), PHASES)
     parser.add_argument("--compile-backend", default="inductor")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = run(args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases, args.blocks, args.min_time,
                device, args.compile_backend)
-    text = markdown(rows, torch_run.device_name(device))
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"latest-torch-real{'-gpu' if device == 'cuda' else ''}.md").write_text(text)
-    print(text)
-    return 0
+    text = real_code_report.markdown(f"PyTorch, real code: {OURS} against torch.autograd.Function",
+                                     f"Device: {torch_run.device_name(device)}; torch {torch.__version__}", rows)
+    return real_code_report.written(args.out, f"latest-torch-real{'-gpu' if device == 'cuda' else ''}.md", text)
 
 
 if __name__ == "__main__":
