@@ -253,6 +253,12 @@ class _MappedZeroInTransforms(_MappedZero):
         _keep_maps(ctx, inputs[0], inputs[1], inputs[2 + inputs[1]:])
 
 
+def saveable(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors, each made under inference_mode copied: such a tensor cannot be saved for a derivative, and its
+    copy, of the same values and as free of history, can."""
+    return [t.clone() if t.is_inference() else t for t in tensors]
+
+
 def mapped_zero(maps: Any, vs: list[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
     """+0.0 for each output of the linear map J(c)·v, whose derivative is J(c) with c's own derivative left to the
     next one: ``backward`` gives Jᵀ·ct and ``jvp`` J·dv, by ``maps.linear(ct, c)`` (the VJP) and
@@ -262,9 +268,7 @@ def mapped_zero(maps: Any, vs: list[torch.Tensor], constants: list[torch.Tensor]
     ``maps.zeros(v, c)``: the +0.0 outputs. Where J is constant the carrier over ordinary ops gives the
     same (``zero_with_derivative_of``); this is the decorator's ``order=2``.
     """
-    # a tensor f computed under inference_mode cannot be saved for a derivative; its copy, of the same values and
-    # as free of history, can
-    constants = [c.clone() if c.is_inference() else c for c in constants]
+    constants = saveable(constants)
     function = _MappedZero if plainly_eager() else _MappedZeroInTransforms
     zeros: tuple[torch.Tensor, ...] = function.apply(maps, len(vs), *vs, *constants)  # type: ignore[no-untyped-call]
     return list(zeros)

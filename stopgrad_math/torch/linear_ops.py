@@ -88,6 +88,14 @@ def _one_side(sides: tuple[int, int] = (0, 1), added: Sequence[int] = ()) -> _Ru
     return rule
 
 
+def _solve_by(matrix: int) -> _Rule:
+    """A solve with the matrix at argument ``matrix``: linear in the right-hand side where the matrix carries no
+    cotangent."""
+    def rule(op: str, operands: Operands, literals: dict[str, Any]) -> Judged:
+        return Finding(op, "solves against the cotangent") if _carries(operands[matrix]) else State.LINEAR
+    return rule
+
+
 def _division(op: str, operands: Operands, literals: dict[str, Any]) -> Judged:
     if _carries(operands[1]):
         return Finding(op, "divides by the cotangent")
@@ -205,15 +213,12 @@ RULES: dict[str, _Rule] = {
     **{name: _one_side(sides, added) for name, (sides, added) in _PRODUCTS.items()},
     "einsum": _einsum,
     "div": _division,
-    "linalg_solve_triangular": lambda op, operands, literals: (
-        Finding(op, "solves against the cotangent") if _carries(operands[0]) else State.LINEAR),
-    "triangular_solve": lambda op, operands, literals: (  # (b, A): linear in b
-        Finding(op, "solves against the cotangent") if _carries(operands[1]) else State.LINEAR),
-    # (A, B): x = A⁻¹B, linear in B, an implicit gradient's adjoint solve; its other results (LU, pivots, info) are
-    # the matrix's alone (``_RESULT_OF_THE_RIGHT_HAND_SIDE``)
-    **{name: (lambda op, operands, literals: (
-        Finding(op, "solves against the cotangent") if _carries(operands[0]) else State.LINEAR))
-       for name in ("linalg_solve", "_linalg_solve_ex")},
+    "linalg_solve_triangular": _solve_by(0),
+    "triangular_solve": _solve_by(1),  # (b, A): linear in b
+    # (A, B): x = A⁻¹B, an implicit gradient's adjoint solve; its other results (LU, pivots, info) are the matrix's
+    # alone (``_RESULT_OF_THE_RIGHT_HAND_SIDE``)
+    "linalg_solve": _solve_by(0),
+    "_linalg_solve_ex": _solve_by(0),
     **{name: _refused(_CLIPS) for name in (
         "clamp", "clamp_min", "clamp_max", "clip", "relu", "hardtanh", "leaky_relu", "maximum", "minimum", "max",
         "min", "amax", "amin", "fmax", "fmin", "nan_to_num")},
@@ -274,8 +279,8 @@ class _Walk:
         if node.target is operator.getitem:
             state = self.states_in(node.args[0])[0]
             source = node.args[0]
-            if isinstance(source, fx.Node) and node.args[1] != _RESULT_OF_THE_RIGHT_HAND_SIDE.get(
-                    op_name(source.target), node.args[1]) and not isinstance(state, Finding):
+            linear = _RESULT_OF_THE_RIGHT_HAND_SIDE.get(op_name(source.target)) if isinstance(source, fx.Node) else None
+            if linear is not None and node.args[1] != linear and not isinstance(state, Finding):
                 return State.CONST  # (a factor of the matrix alone, which no cotangent reaches)
             return state
         arguments, literals = _arguments(node)

@@ -40,7 +40,7 @@ class _RecordedMap(torch.autograd.Function):
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)  # (an output with no cotangent gives Jᵀ +0.0, as the carrier's materializes)
         ctx.save_for_backward(*tensors[count + xs:])  # as the carrier saves them: an in-place change of one raises
-        ctx.linear, ctx.count, ctx.xs = linear, count, xs
+        ctx.linear = linear
         ctx.outputs = [(y.shape, y.dtype, y.device) for y in tensors[:count]]
         return tuple(torch.sub(y, 0.0) for y in tensors[:count])
 
@@ -57,8 +57,6 @@ def recorded(linear: aten_graphs.LinearMap, outputs: Leaves, xs: list[torch.Tens
     """y (``outputs``) with each differentiable output through the one node, its derivative w.r.t. ``xs`` the
     proven VJP ``linear`` on the tensors it closes over."""
     ys = [outputs.values[k] for k in outputs.differentiable]
-    # a tensor f computed under inference_mode cannot be saved for a derivative; its copy, of the same values and
-    # as free of history, can (as ``identity.mapped_zero`` copies it)
-    constants = [c.clone() if c.is_inference() else c for c in linear.constants]
+    constants = identity.saveable(linear.constants)
     results = _RecordedMap.apply(linear, len(ys), len(xs), *ys, *xs, *constants)  # type: ignore[no-untyped-call]
     return outputs.with_values(dict(zip(outputs.differentiable, results, strict=True)))
