@@ -122,7 +122,7 @@ def test_zero_is_decided_from_the_ops_that_make_it():
     trace.get_concrete_function(tf.TensorSpec(None))
 
 
-@pytest.mark.parametrize("how", ["eager", "tf.function"])
+@pytest.mark.parametrize("how", ["eager", "tf.function", "XLA"])
 def test_a_grad_fn_that_solves_is_embedded_in_both_modes(how):
     """An implicit gradient's adjoint solve (A⁻ᵀ·ct) in grad_fn, which tf.custom_gradient runs: reverse mode is
     A⁻ᵀw and forward mode A⁻¹v, against NumPy's inverse."""
@@ -146,7 +146,8 @@ def test_a_grad_fn_that_solves_is_embedded_in_both_modes(how):
             loss = tf.reduce_sum(w * y)
         return forward.jvp(y), tape.gradient(loss, b)
 
-    tangent, gradient = (tf.function(both) if how == "tf.function" else both)(b)
+    compiled = {"eager": both, "tf.function": tf.function(both), "XLA": tf.function(both, jit_compile=True)}
+    tangent, gradient = compiled[how](b)
     inverse = np.linalg.inv(matrix.numpy())
     np.testing.assert_allclose(tangent, inverse @ v.numpy(), rtol=1e-12)
     np.testing.assert_allclose(gradient, inverse.T @ w.numpy(), rtol=1e-12)
