@@ -137,26 +137,22 @@ def program(function: Callable[..., jax.Array], phase: str, count: int) -> Calla
     return jax.jit(value_and_grad) if phase == "jit value+grad" else value_and_grad
 
 
-def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str], blocks: int,
-        min_time: float) -> list[dict[str, Any]]:
-    rows = []
-    for case in cases:
-        for size, shape in shapes.items():
-            xs = inputs(case, shape)
-            for phase in phases:
-                programs = {name: program(f, phase, len(xs)) for name, f in functions(case).items()}
-                calls = {name: (lambda p=p, xs=xs: p(*xs)) for name, p in programs.items()}
-                for call in calls.values():  # compiled and warmed up
-                    jax.block_until_ready(call())
-                    jax.block_until_ready(call())
-                per_block = [jax_run.block_medians(calls, min_time) for _ in range(blocks)]
-                rows.append(real_code_report.row(case, size, phase, per_block, OURS, ANCHOR))
-    return rows
+def calls(case: str, shape: tuple[int, int], phase: str) -> dict[str, Callable[[], object]]:
+    """The anchor's and the port's programs of a phase on the case's inputs, compiled and warmed up."""
+    xs = inputs(case, shape)
+    programs = {name: program(f, phase, len(xs)) for name, f in functions(case).items()}
+    made = {name: (lambda p=p: p(*xs)) for name, p in programs.items()}
+    for call in made.values():
+        jax.block_until_ready(call())
+        jax.block_until_ready(call())
+    return made
 
 
 def main(argv: list[str] | None = None) -> int:
     args = real_code_report.options(__doc__, list(RULES), PHASES).parse_args(argv)
-    rows = run(args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases, args.blocks, args.min_time)
+    rows = real_code_report.measured(args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases,
+                                     args.blocks, calls, lambda c: jax_run.block_medians(c, args.min_time), OURS,
+                                     ANCHOR)
     text = real_code_report.markdown(f"JAX, real code: {OURS} against {ANCHOR}",
                                      f"Device: {jax_run.device_name()}; JAX {jax.__version__}", rows)
     gpu = jax.devices()[0].platform == "gpu"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 SHAPES = {"small": (8, 16), "256×512": (256, 512)}
@@ -24,6 +24,21 @@ def options(description: str | None, cases: Sequence[str], phases: Sequence[str]
     parser.add_argument("--phases", nargs="*", default=list(phases), choices=list(phases))
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     return parser
+
+
+def measured(cases: Sequence[str], shapes: dict[str, tuple[int, int]], phases: Sequence[str], blocks: int,
+             calls_of: Callable[[str, tuple[int, int], str], dict[str, Callable[[], object]]],
+             medians: Callable[[dict[str, Callable[[], object]]], dict[str, float]], ours: str,
+             anchor: str) -> list[dict[str, Any]]:
+    """A row per case, size and phase: ``calls_of(case, shape, phase)`` gives the anchor's and the port's calls,
+    warmed up, and ``medians(calls)`` one block's median seconds of each."""
+    rows = []
+    for case in cases:
+        for size, shape in shapes.items():
+            for phase in phases:
+                calls = calls_of(case, shape, phase)
+                rows.append(row(case, size, phase, [medians(calls) for _ in range(blocks)], ours, anchor))
+    return rows
 
 
 def row(case: str, size: str, phase: str, per_block: list[dict[str, float]], ours: str,

@@ -132,23 +132,19 @@ def program(function: Callable[..., tf.Tensor], phase: str) -> Callable[..., Any
     return tf.function(value_and_grad) if phase == "tf.function value+grad" else value_and_grad
 
 
-def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str], blocks: int,
-        min_time: float) -> list[dict[str, Any]]:
-    rows = []
-    for case in cases:
-        for size, shape in shapes.items():
-            xs = inputs(case, shape)
-            for phase in phases:
-                programs = {name: program(f, phase) for name, f in functions(case).items()}
-                calls = {name: (lambda p=p, xs=xs: p(*xs)) for name, p in programs.items()}
-                per_block = [interleaved_medians(calls, min_time) for _ in range(blocks)]  # (each warms up first)
-                rows.append(real_code_report.row(case, size, phase, per_block, OURS, ANCHOR))
-    return rows
+def calls(case: str, shape: tuple[int, int], phase: str) -> dict[str, Callable[[], object]]:
+    """The anchor's and the port's programs of a phase on the case's inputs (``interleaved_medians`` warms them
+    up)."""
+    xs = inputs(case, shape)
+    programs = {name: program(f, phase) for name, f in functions(case).items()}
+    return {name: (lambda p=p: p(*xs)) for name, p in programs.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = real_code_report.options(__doc__, list(RULES), PHASES).parse_args(argv)
-    rows = run(args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases, args.blocks, args.min_time)
+    rows = real_code_report.measured(args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases,
+                                     args.blocks, calls, lambda c: interleaved_medians(c, args.min_time), OURS,
+                                     ANCHOR)
     versions = f"Device: CPU: {platform.machine()}, {os.cpu_count()} threads; TensorFlow {tf.__version__}"
     text = real_code_report.markdown(f"TensorFlow, real code: {OURS} against {ANCHOR}", versions, rows)
     return real_code_report.written(args.out, "latest-tf-real.md", text)

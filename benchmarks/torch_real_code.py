@@ -151,22 +151,17 @@ def program(function: type, phase: str, backend: str = "inductor") -> Callable[[
     return value_and_grad
 
 
-def run(cases: list[str], shapes: dict[str, tuple[int, int]], phases: list[str], blocks: int, min_time: float,
-        device: str, backend: str = "inductor") -> list[dict]:
-    rows = []
-    for case in cases:
-        for size, shape in shapes.items():
-            xs = inputs(case, shape, device)
-            for phase in phases:
-                torch._dynamo.reset()  # (each class's apply is one code object to Dynamo: a compile per class and size)
-                programs = {name: program(function, phase, backend) for name, function in classes(case).items()}
-                calls = {name: (lambda p=p, xs=xs: p(xs)) for name, p in programs.items()}
-                for call in calls.values():  # compiled and warmed up
-                    call()
-                    call()
-                per_block = [torch_run.block_medians(calls, xs[0], min_time) for _ in range(blocks)]
-                rows.append(real_code_report.row(case, size, phase, per_block, OURS, ANCHOR))
-    return rows
+def calls(case: str, shape: tuple[int, int], phase: str, device: str,
+          backend: str = "inductor") -> dict[str, Callable[[], object]]:
+    """Both classes' programs of a phase on the case's inputs, compiled and warmed up."""
+    xs = inputs(case, shape, device)
+    torch._dynamo.reset()  # (each class's apply is one code object to Dynamo: a compile per class and size)
+    programs = {name: program(function, phase, backend) for name, function in classes(case).items()}
+    made = {name: (lambda p=p: p(xs)) for name, p in programs.items()}
+    for call in made.values():
+        call()
+        call()
+    return made
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-backend", default="inductor")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = run(args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases, args.blocks, args.min_time,
-               device, args.compile_backend)
+    on_device = torch.empty(0, device=device)  # what each block synchronizes on
+    rows = real_code_report.measured(
+        args.cases, {name: SHAPES[name] for name in args.shapes}, args.phases, args.blocks,
+        lambda case, shape, phase: calls(case, shape, phase, device, args.compile_backend),
+        lambda c: torch_run.block_medians(c, on_device, args.min_time), OURS, ANCHOR)
     text = real_code_report.markdown(f"PyTorch, real code: {OURS} against torch.autograd.Function",
                                      f"Device: {torch_run.device_name(device)}; torch {torch.__version__}", rows)
     return real_code_report.written(args.out, f"latest-torch-real{'-gpu' if device == 'cuda' else ''}.md", text)
