@@ -20,7 +20,10 @@ tangent is J·dv with J's own tangent left out, so the first derivative is
 J, bit for bit as at ``order=1``, whatever J's derivative holds, and J moves
 in the next derivative alone, which is J's Jacobian (reverse over reverse of
 ``jax.custom_vjp``, unsymmetrized). y is computed at ``stop(x)`` by a second
-call, so that what f closes over keeps its autodiff (with x held).
+call, so that what f closes over keeps its autodiff (with x held). Under one
+eager derivative alone (``sole_derivative``: an eager ``grad``, ``jvp``,
+``vjp``), where J's own derivative cannot be asked, f runs once, on the
+primal values, as ``jax.custom_vjp`` runs its fwd.
 
 A VJP that cannot be embedded (not proven linear, or reading its cotangent's
 value) is judged where a derivative is asked: the call gives y with a fence
@@ -48,7 +51,7 @@ from jax.extend import core
 from jax.extend import linear_util as lu
 from jax.interpreters import partial_eval as pe
 
-from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard, vjp_closure
+from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard, sole_derivative, vjp_closure
 from stopgrad_math.jax.vjp_conventions import Leaves, argument_cotangents, call_f, is_differentiable, name_of
 from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.shared import bounded_cache, linearity, nesting
@@ -253,9 +256,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     if not differentiating(args, kwargs):  # y as every order computes it, at stop(x); the VJP is never traced
         return call_f(f, leaves.with_values(stopped), kwargs)[0]
-    y, vjp = call_f(f, leaves.with_values({} if order == 2 else stopped), kwargs)
-    if order == 2:  # the VJP's residuals move with x; y is f's value at stop(x), with what f closes over live
-        y = call_f(f, leaves.with_values(stopped), kwargs)[0]
+    y, vjp = _evaluated(f, leaves, stopped, kwargs, order)
     outputs = Leaves.of(y, "y")
     if not outputs.differentiable:
         return y
@@ -272,6 +273,24 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         attached = [second_derivative_guard.refused(outputs.values[k], watched, type(error), str(error))
                     for k in outputs.differentiable]
     return outputs.with_values(dict(zip(outputs.differentiable, attached, strict=True)))
+
+
+def _evaluated(f: Callable[..., Any], leaves: Leaves, stopped: dict[int, jax.Array], kwargs: dict[str, Any],
+               order: int) -> tuple[Any, Callable[[Any], Any]]:
+    """y and the VJP. Under one eager derivative alone (``sole_derivative``), f runs once on the primal values; else
+    at ``stop(x)`` (order 1), or at x for the VJP's residuals, which move with x, and again at ``stop(x)`` for y,
+    with what f closes over live (order 2)."""
+    below = sole_derivative.trace_below()
+    if below is not None and not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(kwargs)):
+        try:
+            with sole_derivative.running_below(below):
+                return call_f(f, leaves.with_values(stopped), kwargs)
+        except jax.errors.UnexpectedTracerError:  # f reads a value differentiated besides its arguments
+            pass
+    y, vjp = call_f(f, leaves.with_values({} if order == 2 else stopped), kwargs)
+    if order == 2:
+        y = call_f(f, leaves.with_values(stopped), kwargs)[0]
+    return y, vjp
 
 
 def differentiating(args: Any, kwargs: dict[str, Any]) -> bool:

@@ -631,6 +631,18 @@ def _nothing_varies(original):
     return lambda aval: frozenset()
 
 
+def _jax_below_any_derivative(original):
+    """JAX runs f on the primal values under the parent of any differentiation trace (issue 75's fast path taken
+    under a second derivative, a vmap or a jit): at order 2 the next derivative differentiates f's forward by
+    autodiff, where it should be the Jacobian of the declared gradient."""
+    def below():
+        from jax._src import core
+        trace = core.trace_ctx.trace
+        return getattr(trace, "parent_trace", None) if type(trace).__name__ in ("JVPTrace", "LinearizeTrace") \
+            else None
+    return below
+
+
 def _second_order_part_in_jax_first_derivatives(original):
     """JAX's order=2 J·v with the residuals' own tangent left in (issue 58): the term (∂J·dc)·v that ordinary ops
     of J·v add, +0.0 in value and NaN where J's derivative is not finite, in every first derivative."""
@@ -843,6 +855,10 @@ MUTANTS = {
     "a kept proof ignores what the function closes over": Mutant(
         "stopgrad_math.shared.function_identity", "key", _closure_ignored,
         (_REVERSE_PATH_TF + "test_a_closed_over_value_that_changes_grad_fns_ops_makes_a_new_proof",)),
+    "JAX runs f below any derivative, not one eager derivative alone": Mutant(
+        "stopgrad_math.jax.sole_derivative", "trace_below", _jax_below_any_derivative,
+        (_ORDER_2_JAX + "test_the_second_derivative_is_the_jacobian_of_the_declared_gradient_unsymmetrized",
+         "tests/jax/test_sole_derivative.py::test_not_taken_where_anything_but_one_eager_derivative_reaches_the_call")),
     "JAX's order=2 lets the second-order part reach first derivatives": Mutant(
         "stopgrad_math.jax.identity", "mapped_zero", _second_order_part_in_jax_first_derivatives,
         (_ORDER_2_JAX + "test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows",)),
