@@ -398,29 +398,32 @@ def _forward_and_backward(cls: type[Function]) -> Callable[..., Any]:
 
 
 def _backward(cls: type[Function], ctx: FunctionContext, several: bool, count: int) -> Callable[[Any], Any]:
-    """The VJP: the backward with the forward's ctx. Eagerly it closes over the ctx's parts, rebuilt at each call
-    (``_context_of``), so that the decorator keeps its proof by signature; under torch.compile, which proves f
-    anew as it traces, over the ctx itself (Dynamo before torch 2.8 cannot read an object's ``vars``)."""
+    """The VJP: the backward with the forward's ctx. Eagerly it closes over the backward itself, the class's name
+    and the ctx's parts, rebuilt at each call (``_context_of``), so that the decorator keeps its proof by signature
+    and opens the backward for its key, with the globals it reads (a class's attributes are keyed by identity
+    alone); under torch.compile, which proves f anew as it traces, over the ctx itself (Dynamo before torch 2.8
+    cannot read an object's ``vars``)."""
+    backward, name = cls.backward, cls.__name__
     if identity.compiling():
         def vjp_of_ctx(cotangents: Any) -> tuple[Any, ...]:
-            grads = cls.backward(ctx, *(cotangents if several else (cotangents,)))
-            return (*_input_grads(cls, grads, count), None)
+            grads = backward(ctx, *(cotangents if several else (cotangents,)))
+            return (*_input_grads(name, grads, count), None)
 
         return vjp_of_ctx
     needs, saved, attributes = ctx.needs_input_grad, ctx.saved_tensors, ctx.attributes()
 
     def vjp(cotangents: Any) -> tuple[Any, ...]:
-        grads = cls.backward(_context_of(needs, saved, attributes), *(cotangents if several else (cotangents,)))
-        return (*_input_grads(cls, grads, count), None)
+        grads = backward(_context_of(needs, saved, attributes), *(cotangents if several else (cotangents,)))
+        return (*_input_grads(name, grads, count), None)
 
     return vjp
 
 
-def _input_grads(cls: type[Function], grads: Any, count: int) -> tuple[Any, ...]:
+def _input_grads(name: str, grads: Any, count: int) -> tuple[Any, ...]:
     """The backward's answer, one gradient per input: past those, only None, as PyTorch allows."""
     grads = grads if isinstance(grads, tuple) else (grads,)
     if len(grads) < count or any(g is not None for g in grads[count:]):
-        raise RuntimeError(f"{cls.__name__}.backward returned an incorrect number of gradients (expected {count}, "
+        raise RuntimeError(f"{name}.backward returned an incorrect number of gradients (expected {count}, "
                            f"got {len(grads)})")
     return tuple(grads[:count])
 

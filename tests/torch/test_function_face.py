@@ -248,6 +248,52 @@ def test_generate_vmap_rule_is_accepted_and_vmap_is_the_backwards():
     torch.testing.assert_close(torch.func.vmap(torch.func.grad(Cube.apply))(x), 3 * x**2, rtol=0, atol=0)
 
 
+# ---------------------------------------------------------------- what the backward reads, as it is at each call
+
+BACKWARD_SCALE = 2.0  # a module's global that a backward reads, rebound between calls (a schedule's factor)
+
+
+def _scaled(grad):
+    return grad * BACKWARD_SCALE
+
+
+class ScalesByAGlobal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * BACKWARD_SCALE
+
+
+class ScalesThroughAHelper(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _scaled(grad)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("function", [ScalesByAGlobal, ScalesThroughAHelper], ids=lambda f: f.__name__)
+def test_a_global_the_backward_reads_is_read_as_it_is_at_each_call(monkeypatch, function, order):
+    """A kept proof is keyed by the backward's code and the globals it reads, as the decorator's VJP is: rebinding
+    one gives the new gradient in reverse and forward mode, as torch.autograd.Function's backward reads it."""
+    port = ported(function, order)
+    x = torch.tensor([1.0, -2.0, 3.0])
+    for scale in (2.0, 5.0, 2.0):
+        monkeypatch.setitem(globals(), "BACKWARD_SCALE", scale)
+        theirs = torch.autograd.grad(function.apply(x.requires_grad_()).sum(), x)[0]
+        ours = torch.autograd.grad(port.apply(x.requires_grad_()).sum(), x)[0]
+        assert torch.equal(theirs, torch.full((3,), scale)) and torch.equal(ours, theirs), (scale, ours, theirs)
+        with forward_ad.dual_level():
+            tangent = forward_ad.unpack_dual(port.apply(forward_ad.make_dual(x.detach(), torch.ones(3)))).tangent
+        assert torch.equal(tangent, theirs)
+
+
 # ---------------------------------------------------------------- the fall-back: torch.autograd.Function itself
 
 
