@@ -1,11 +1,12 @@
 """python benchmarks/jax_real_code.py: real code's custom VJPs on ``stopgrad_math.jax.custom_vjp``, as ratios to
 ``jax.custom_vjp`` in one run.
 
-Five rules in the shape public projects write them, restated here, each as ``jax.custom_vjp`` (the anchor) and as
+Six rules in the shape public projects write them, restated here, each as ``jax.custom_vjp`` (the anchor) and as
 ``stopgrad_math.jax.custom_vjp`` with the same ``fwd`` and ``bwd``: a linear layer (x·Wᵀ + b, three cotangents), a
 straight-through quantizer whose learned scale is an argument (LSQ's shape), a sparse projection (sparsemax: sort,
 cumulative sum, threshold; the gradient centred on the support), a norm guarded at the zero row
-(``where(r > 0, g / r, 0)``), and a linear solve as a custom root (y = A⁻¹b, its gradient by the adjoint solve).
+(``where(r > 0, g / r, 0)``), a linear solve as a custom root (y = A⁻¹b, its gradient by the adjoint solve), and a
+fixed point whose adjoint is unrolled in a ``scan`` in the bwd (as OTT's Sinkhorn).
 Each is timed for eager value + gradient, an eager call (no derivative asked) and value + gradient under ``jit``,
 at a small size and at 256×512, in ``--blocks`` interleaved blocks: a ratio is the median over blocks with its
 range. Writes ``results/latest-jax-real.md`` (``-gpu`` on a GPU).
@@ -93,12 +94,37 @@ def _solve_bwd(residuals: Any, ct: jax.Array) -> tuple[jax.Array, ...]:
     return -adjoint @ y.T, adjoint
 
 
+ITERATIONS = 30  # of the fixed point's forward loop, and of its adjoint's unrolled scan
+
+
+def _fixed_point(a: jax.Array, b: jax.Array) -> jax.Array:
+    """x = tanh(x·A + b) for each row of b, by iteration (A small enough that it contracts)."""
+    return jax.lax.fori_loop(0, ITERATIONS, lambda _, x: jnp.tanh(x @ a + b), jnp.zeros_like(b))
+
+
+def _fixed_point_fwd(a: jax.Array, b: jax.Array) -> tuple[jax.Array, Any]:
+    x = _fixed_point(a, b)
+    return x, (a, x)
+
+
+def _fixed_point_bwd(residuals: Any, ct: jax.Array) -> tuple[jax.Array, ...]:
+    a, x = residuals
+    slope = 1 - x * x  # tanh′ at the fixed point
+
+    def step(u: jax.Array, _: None) -> tuple[jax.Array, None]:  # u = ct + (slope·u)·Aᵀ, unrolled as OTT's Sinkhorn
+        return ct + (slope * u) @ a.T, None
+
+    u = jax.lax.scan(step, ct, None, length=ITERATIONS)[0]
+    return x.T @ (slope * u), slope * u
+
+
 RULES = {  # the primal, fwd and bwd
     "linear layer": (lambda x, w, b: _linear_fwd(x, w, b)[0], _linear_fwd, _linear_bwd),
     "STE quantizer, learned scale": (lambda x, s: _quantize_fwd(x, s)[0], _quantize_fwd, _quantize_bwd),
     "sparsemax": (_sparsemax, _sparsemax_fwd, _sparsemax_bwd),
     "safe norm": (lambda x: _norm_fwd(x)[0], _norm_fwd, _norm_bwd),
     "linear solve, custom root": (jnp.linalg.solve, _solve_fwd, _solve_bwd),
+    "fixed point, adjoint by scan": (_fixed_point, _fixed_point_fwd, _fixed_point_bwd),
 }
 
 
@@ -125,6 +151,8 @@ def inputs(case: str, shape: tuple[int, int]) -> list[jax.Array]:
         return [x.at[0].set(0.0)]  # a zero row: the guard's case
     if case == "linear solve, custom root":  # A well conditioned, of the rows' size; b of the shape
         return [jnp.eye(rows) * rows ** 0.5 + jax.random.normal(keys[1], (rows, rows)) / rows ** 0.5, x]
+    if case == "fixed point, adjoint by scan":  # A of norm about 0.3: the iteration contracts
+        return [0.3 * jax.random.normal(keys[1], (width, width)) / width ** 0.5, x]
     return [x]
 
 
