@@ -34,7 +34,7 @@ from stopgrad_math.torch import (
     vjp_closure,
 )
 from stopgrad_math.torch.tracing import Linear
-from stopgrad_math.torch.vjp_conventions import stand_in, structure_key
+from stopgrad_math.torch.vjp_conventions import stand_in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +193,7 @@ def _signature(cotangents: tracing.Cotangents, opened: closure_key.Opened, order
     batched = tuple(k for k, t in enumerate(opened.arrays) if tracing.batched_by_vmap(t)) \
         if second_derivative_guard.in_transform() else ()
     return (opened.key, name_of(cotangents.f), tuple(cotangents.names), order,
-            structure_key(cotangents.leaves.structure), leaves, structure_key(cotangents.outputs.structure), outputs,
+            cotangents.leaves.structure_key(), leaves, cotangents.outputs.structure_key(), outputs,
             batched)
 
 

@@ -12,8 +12,9 @@ what is wrong.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -36,29 +37,44 @@ class Leaves:
     values: list[Any]
     structure: Any  # pytree.TreeSpec
     differentiable: list[int]
+    layout: Hashable = None  # the structure as a key where it is known without hashing the TreeSpec
 
     @classmethod
     def of_arguments(cls, args: tuple[Any, ...], names: list[str]) -> Leaves:
         """The leaves of the positional arguments, each labelled by its argument's name and its path in it."""
-        if all(type(a) is torch.Tensor for a in args):  # the common call: a label per argument, no walk
-            values = list(args)
-            return cls.labelled([names[k] for k in range(len(values))], values, pytree.tree_structure(values))
+        layout = _flat_layout(args)
+        if layout is not None:  # the common call (a Function's too, its last argument needs_input_grad): no walk
+            labels: list[str] = []
+            values: list[Any] = []
+            for k, argument in enumerate(args):
+                if type(argument) is tuple:
+                    labels.extend(f"{names[k]}[{j}]" for j in range(len(argument)))
+                    values.extend(argument)
+                else:
+                    labels.append(names[k])
+                    values.append(argument)
+            structure = _made_structure(layout) if identity.compiling() else _flat_structure(layout)
+            return cls.labelled(labels, values, structure, layout)
         return cls.of(list(args), "", lambda path: f"{names[path[0].idx]}{pytree.keystr(path[1:])}")
 
     @classmethod
     def of(cls, tree: Any, prefix: str, label: Callable[[Any], str] | None = None) -> Leaves:
         """``label``: a leaf's path to its label; by default ``prefix`` and the path."""
         if type(tree) is torch.Tensor and label is None:  # one tensor: its label is the prefix
-            return cls.labelled([prefix], [tree], pytree.tree_structure(tree))
+            return cls.labelled([prefix], [tree], _LEAF, _LEAF_LAYOUT)
         pairs, structure = pytree.tree_flatten_with_path(tree)
         if label is None:  # (not `label or`: Dynamo may take a function's truth for control flow)
             label = lambda path: f"{prefix}{pytree.keystr(path)}"  # noqa: E731
         return cls.labelled([label(p) for p, _ in pairs], [v for _, v in pairs], structure)
 
     @classmethod
-    def labelled(cls, labels: list[str], values: list[Any], structure: Any) -> Leaves:
+    def labelled(cls, labels: list[str], values: list[Any], structure: Any, layout: Hashable = None) -> Leaves:
         """Leaves of these labels, values and structure; the differentiable ones found among the values."""
-        return cls(labels, values, structure, [k for k, v in enumerate(values) if is_differentiable(v)])
+        return cls(labels, values, structure, [k for k, v in enumerate(values) if is_differentiable(v)], layout)
+
+    def structure_key(self) -> Hashable:
+        """The structure as a key (``structure_key``), from the layout where it is known."""
+        return structure_key(self.structure) if self.layout is None else self.layout
 
     def with_values(self, replaced: dict[int, Any]) -> Any:
         return pytree.tree_unflatten([replaced.get(k, v) for k, v in enumerate(self.values)], self.structure)
@@ -73,6 +89,33 @@ class Leaves:
     def tensors(self) -> list[torch.Tensor]:
         """The differentiable leaves, in order."""
         return [self.values[k] for k in self.differentiable]
+
+
+_LEAF = pytree.tree_structure(0)
+_LEAF_LAYOUT = ("one leaf",)
+
+
+def _flat_layout(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Where each argument is a tensor, or a tuple of tensors and bools (a Function's ``needs_input_grad``), the
+    arguments' structure as a key: a tuple's length, None for a tensor; else None, and the arguments are walked."""
+    layout: list[int | None] = []
+    for argument in args:
+        if isinstance(argument, torch.Tensor):
+            layout.append(None)
+        elif type(argument) is tuple and all(type(v) is bool or isinstance(v, torch.Tensor) for v in argument):
+            layout.append(len(argument))
+        else:
+            return None
+    return ("flat", *layout)
+
+
+def _made_structure(layout: tuple[Any, ...]) -> Any:
+    """The TreeSpec of the argument list of this ``_flat_layout``."""
+    return pytree.tree_structure([0 if n is None else (0,) * n for n in layout[1:]])
+
+
+# made once per layout eagerly (a TreeSpec is immutable); Dynamo makes it as it traces, keeping no Python cache
+_flat_structure = functools.lru_cache(maxsize=256)(_made_structure)
 
 
 def structure_key(spec: Any) -> Any:
