@@ -43,23 +43,28 @@ class Watch(TorchFunctionMode):
 
     def __init__(self, roots: Iterable[torch.Tensor]) -> None:
         super().__init__()
-        self.derived: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary(
-            {id(t): t for t in roots})
-        self.lost: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+        # by id, each with a weak reference that says whether the id is still that tensor's (a plain dict: a
+        # WeakValueDictionary's Python methods cost a small op's eager call more than the op)
+        self.derived: dict[int, weakref.ref[torch.Tensor]] = {id(t): weakref.ref(t) for t in roots}
+        self.lost: dict[int, weakref.ref[torch.Tensor]] = {}
         self.reads_outside = False  # whether an op read a tensor that requires grad and is not computed from roots
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
         operands = tensors(args) + (tensors(tuple(kwargs.values())) if kwargs else [])
-        if not self.reads_outside:
-            self.reads_outside = any(moves(t) and not _holds(self.derived, t) and not _holds(self.lost, t)
-                                     for t in operands)
-        from_lost = any(_holds(self.lost, t) for t in operands)
-        if from_lost or any(_holds(self.derived, t) for t in operands):
+        from_lost = from_derived = False
+        for t in operands:
+            if _holds(self.lost, t):
+                from_lost = True
+            elif _holds(self.derived, t):
+                from_derived = True
+            elif not self.reads_outside and moves(t):
+                self.reads_outside = True
+        if from_lost or from_derived:
             marked = self.lost if from_lost or not torch.is_grad_enabled() else self.derived
             for out in tensors((result,)):
                 if out.is_floating_point() or out.is_complex():
-                    marked[id(out)] = out
+                    marked[id(out)] = weakref.ref(out)
         return result
 
 
@@ -85,8 +90,9 @@ def moves(tensor: torch.Tensor) -> bool:
     return forward_ad._current_level >= 0 and forward_ad.unpack_dual(tensor).tangent is not None  # type: ignore[no-untyped-call]
 
 
-def _holds(marked: weakref.WeakValueDictionary[int, torch.Tensor], tensor: torch.Tensor) -> bool:
-    return marked.get(id(tensor)) is tensor
+def _holds(marked: dict[int, weakref.ref[torch.Tensor]], tensor: torch.Tensor) -> bool:
+    held = marked.get(id(tensor))
+    return held is not None and held() is tensor
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ class Leaves:
     values: list[Any]
     structure: Any  # pytree.TreeSpec
     differentiable: list[int]
-    layout: Hashable = None  # the structure as a key where it is known without hashing the TreeSpec
+    layout: tuple[Any, ...] | None = None  # the structure as a key where it is known without hashing the TreeSpec
 
     @classmethod
     def of_arguments(cls, args: tuple[Any, ...], names: list[str]) -> Leaves:
@@ -68,7 +68,8 @@ class Leaves:
         return cls.labelled([label(p) for p, _ in pairs], [v for _, v in pairs], structure)
 
     @classmethod
-    def labelled(cls, labels: list[str], values: list[Any], structure: Any, layout: Hashable = None) -> Leaves:
+    def labelled(cls, labels: list[str], values: list[Any], structure: Any,
+                 layout: tuple[Any, ...] | None = None) -> Leaves:
         """Leaves of these labels, values and structure; the differentiable ones found among the values."""
         return cls(labels, values, structure, [k for k, v in enumerate(values) if is_differentiable(v)], layout)
 
@@ -77,7 +78,16 @@ class Leaves:
         return structure_key(self.structure) if self.layout is None else self.layout
 
     def with_values(self, replaced: dict[int, Any]) -> Any:
-        return pytree.tree_unflatten([replaced.get(k, v) for k, v in enumerate(self.values)], self.structure)
+        values = [replaced.get(k, v) for k, v in enumerate(self.values)]
+        if self.layout == _LEAF_LAYOUT:
+            return values[0]
+        if self.layout is not None:  # a ``_flat_layout``'s list of arguments, rebuilt without pytree's walk
+            rebuilt, start = [], 0
+            for n in self.layout[1:]:  # (None: a tensor; n: a tuple of n leaves)
+                rebuilt.append(values[start] if n is None else tuple(values[start:start + n]))
+                start += 1 if n is None else n
+            return rebuilt
+        return pytree.tree_unflatten(values, self.structure)
 
     def described(self) -> Callable[[], Leaves]:
         """A maker of the same leaves with each tensor a plain stand-in of its shape and dtype (``stand_in``):
