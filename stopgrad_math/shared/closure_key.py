@@ -20,8 +20,9 @@ every global the code may read, by value where it is a number or string, by
 identity where it is a builtin or an array the framework calls immutable, by
 code, closure and globals where it is a function, and a module or class with
 its attributes of the names the code reads (``jnp.exp``, ``torch.exp``, a
-float a module or a class holds), so that reassigning one between calls makes
-another key.
+float a module or a class holds; a function of the user's own code there is
+opened as a global function is, a library's taken by identity), so that
+reassigning one between calls makes another key.
 
 Refused (None), so that the decorator traces the VJP anew at every call: a
 VJP whose closure holds anything mutable or opaque (a list, a dict, an object
@@ -36,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 import dis
 import functools
+import os
+import sysconfig
 import types
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -189,12 +192,18 @@ class _Opening:
 
     def attribute_key(self, value: Any, depth: int, names: tuple[str, ...]) -> Hashable:
         """A module's or a class's attribute the code may read (``jnp.exp``, ``torch.nn``, ``Config.scale``):
-        reassigning it makes another key. A module or class is followed ``depth`` levels; a mutable array or
-        container is refused; anything else is taken by value or by identity."""
+        reassigning it makes another key. A module or class is followed ``depth`` levels; a function of the
+        user's own code (``helpers.scale``) is opened as a global function is, so that a global it reads makes
+        another key when it is rebound (refused ``depth`` levels down); a library's function is taken by
+        identity; a mutable array or container is refused; anything else is taken by value or by identity."""
         if type(value) in _BY_VALUE or type(value) in self.arrays.constants:
             return type(value), value
         if isinstance(value, (types.ModuleType, type)) and depth > 0:
             return same(value), self.attributes(value, depth - 1, names)
+        if isinstance(value, types.FunctionType) and not _library_code(value.__code__):
+            if depth <= 0:
+                raise _Refused  # what it reads further down is out of the key's reach
+            return "function", self.function_key(value, depth - 1)
         if isinstance(value, (list, dict, set, bytearray)) or (
                 self.arrays.is_array(value) and not self.arrays.is_immutable(value)):
             raise _Refused  # changed in place, it would not change the key
@@ -224,6 +233,17 @@ class _Opening:
         namespace = fn.__globals__
         return tuple((name, self.global_key(namespace[name], depth, names)) if name in namespace else (name,)
                      for name in names)
+
+
+_LIBRARIES = tuple(sorted({path for name in ("stdlib", "platstdlib", "purelib", "platlib")
+                           if (path := sysconfig.get_paths().get(name))}
+                          | {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}))
+"""Where installed libraries live (Python's own, site-packages) and this library itself: code whose module
+globals no user rebinds between calls, whose functions a key takes by identity."""
+
+
+def _library_code(code: types.CodeType) -> bool:
+    return code.co_filename.startswith(("<frozen ", *(os.path.join(path, "") for path in _LIBRARIES)))
 
 
 def _contents(cell: Any) -> Any:

@@ -14,6 +14,7 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+import rebound_helpers  # noqa: E402
 
 import stopgrad_math.jax as sgm  # noqa: E402
 from stopgrad_math.jax import decorator_form, vjp_closure  # noqa: E402
@@ -43,6 +44,18 @@ def _gradient(f, *args):
 @sgm.custom_gradient
 def _scaled_sin(x, a):
     return a * jnp.sin(x), lambda ct: (ct * a * jnp.cos(x), jnp.sum(ct * jnp.sin(x)))
+
+
+def test_a_global_of_a_helper_read_through_its_module_is_read_as_it_is_at_each_call(monkeypatch):
+    """A VJP calling ``rebound_helpers.scale``, whose global is rebound between calls: each gradient is the one
+    the rule gives with the global's value at that call (a compiled embedding keyed by the helper's identity
+    alone kept the first)."""
+    decorated = sgm.custom_gradient(lambda x: (x * 1.0, lambda ct: (rebound_helpers.scale(ct),)))
+    x = jnp.array([1.0, -2.0])
+    for factor in (2.0, 5.0, 2.0):
+        monkeypatch.setattr(rebound_helpers, "FACTOR", factor)
+        np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(decorated(x)))(x), [factor, factor])
+        np.testing.assert_array_equal(jax.jvp(decorated, (x,), (jnp.ones(2),))[1], [factor, factor])
 
 
 def test_a_known_signature_traces_nothing_and_reads_this_calls_arrays(traces):

@@ -643,6 +643,13 @@ def _jax_below_any_derivative(original):
     return below
 
 
+def _every_function_a_librarys(original):
+    """A key takes every function read through a module's or class's attribute by identity, the user's too: a
+    global that helper reads, rebound between calls, keeps the first call's proof (the PyTorch and JAX
+    decorators' gradients stale, silently)."""
+    return lambda code: True
+
+
 def _second_order_part_in_jax_first_derivatives(original):
     """JAX's order=2 J·v with the residuals' own tangent left in (issue 58): the term (∂J·dc)·v that ordinary ops
     of J·v add, +0.0 in value and NaN where J's derivative is not finite, in every first derivative."""
@@ -859,6 +866,14 @@ MUTANTS = {
         "stopgrad_math.jax.sole_derivative", "trace_below", _jax_below_any_derivative,
         (_ORDER_2_JAX + "test_the_second_derivative_is_the_jacobian_of_the_declared_gradient_unsymmetrized",
          "tests/jax/test_sole_derivative.py::test_not_taken_where_anything_but_one_eager_derivative_reaches_the_call")),
+    "a key takes a user's helper read through its module by identity": Mutant(
+        "stopgrad_math.shared.closure_key", "_library_code", _every_function_a_librarys,
+        ("tests/shared/test_closure_key.py::test_a_global_that_a_users_function_read_through_a_module_attribute_"
+         "reads_is_in_the_key",
+         "tests/torch/test_kept_proofs.py::test_a_global_of_a_helper_read_through_its_module_is_read_as_it_is_at_"
+         "each_call",
+         "tests/jax/test_compiled_embedding.py::test_a_global_of_a_helper_read_through_its_module_is_read_as_it_is_"
+         "at_each_call")),
     "JAX's order=2 lets the second-order part reach first derivatives": Mutant(
         "stopgrad_math.jax.identity", "mapped_zero", _second_order_part_in_jax_first_derivatives,
         (_ORDER_2_JAX + "test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows",)),

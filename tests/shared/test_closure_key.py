@@ -61,6 +61,34 @@ def test_a_global_a_helper_reads_is_in_the_key(monkeypatch):
     assert _key(_reads_a_global_through_a_helper()) != before
 
 
+HELPERS = types.ModuleType("helpers")  # a user's module of helpers, read through its attribute
+exec(compile("FACTOR = 2.0\ndef scale(ct):\n    return ct * FACTOR\n", "/home/user/project/helpers.py", "exec"),
+     HELPERS.__dict__)
+
+
+def _through_helpers(ct):
+    return HELPERS.scale(ct)
+
+
+def test_a_global_that_a_users_function_read_through_a_module_attribute_reads_is_in_the_key(monkeypatch):
+    """``helpers.scale(ct)``: the function is the user's code, opened as a global function is, so rebinding the
+    global it reads makes another key (a key by identity alone kept the first value's proof)."""
+    before = _key(_through_helpers)
+    assert before is not None and _key(_through_helpers) == before
+    monkeypatch.setattr(HELPERS, "FACTOR", 5.0)
+    assert _key(_through_helpers) != before
+
+
+def test_a_librarys_function_read_through_a_module_attribute_is_taken_by_identity():
+    """A library's function (Python's own here) is not opened: its globals are the library's, and opening it would
+    refuse every VJP that calls one."""
+    import os.path
+
+    assert closure_key._library_code(os.path.join.__code__)
+    assert not closure_key._library_code(HELPERS.scale.__code__)
+    assert _key(lambda ct: os.path.join(ct)) is not None
+
+
 def _closing_over(array):
     return lambda ct: ct * array
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+import rebound_helpers  # noqa: E402
 import torch.autograd.forward_ad as forward_ad  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from torch.fx.graph_module import _loader  # noqa: E402
@@ -51,6 +52,19 @@ def _gradient(f, x):
     x = x.detach().clone().requires_grad_(True)
     f(x).sum().backward()
     return x.grad
+
+
+def test_a_global_of_a_helper_read_through_its_module_is_read_as_it_is_at_each_call(monkeypatch):
+    """A VJP calling ``rebound_helpers.scale``, whose global is rebound between calls: each gradient is the one
+    the rule gives with the global's value at that call, in reverse and forward mode."""
+    decorated = sgm.custom_gradient(lambda x: (x * 1.0, lambda ct: (rebound_helpers.scale(ct),)))
+    x = torch.tensor([1.0, -2.0])
+    for factor in (2.0, 5.0, 2.0):
+        monkeypatch.setattr(rebound_helpers, "FACTOR", factor)
+        gradient = torch.autograd.grad(decorated(x.requires_grad_()).sum(), x)[0]
+        with forward_ad.dual_level():
+            tangent = forward_ad.unpack_dual(decorated(forward_ad.make_dual(x.detach(), torch.ones(2)))).tangent
+        assert torch.equal(gradient, torch.full((2,), factor)) and torch.equal(tangent, gradient)
 
 
 def test_a_known_signature_traces_nothing_and_reads_this_calls_tensors(traces):
