@@ -235,15 +235,15 @@ class _Opening:
                      for name in names)
 
 
-_LIBRARIES = tuple(sorted({path for name in ("stdlib", "platstdlib", "purelib", "platlib")
-                           if (path := sysconfig.get_paths().get(name))}
-                          | {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}))
-"""Where installed libraries live (Python's own, site-packages) and this library itself: code whose module
-globals no user rebinds between calls, whose functions a key takes by identity."""
+_LIBRARIES = ("<frozen ", *{os.path.join(path, "") for name in ("stdlib", "platstdlib", "purelib", "platlib")
+                             if (path := sysconfig.get_paths().get(name))},
+              os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ""))
+"""The file names of library code: Python's own (frozen modules too), site-packages, and this library itself,
+whose module globals no user rebinds between calls, and whose functions a key takes by identity."""
 
 
 def _library_code(code: types.CodeType) -> bool:
-    return code.co_filename.startswith(("<frozen ", *(os.path.join(path, "") for path in _LIBRARIES)))
+    return code.co_filename.startswith(_LIBRARIES)
 
 
 def _contents(cell: Any) -> Any:
