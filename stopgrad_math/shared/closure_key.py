@@ -24,6 +24,12 @@ float a module or a class holds; a function of the user's own code there is
 opened as a global function is, a library's taken by identity), so that
 reassigning one between calls makes another key.
 
+A nested function's part of a key (a helper, a Function's backward, with the globals and module attributes it
+reads) is remembered with every read it was made of: a cell's contents, a global, an attribute, a function's code
+and defaults. At the next call the reads are made again, and where each gives the very object it gave, the
+remembered part is the key's; where one does not (a global rebound, a cell reassigned), the function is opened
+anew. Only a part that holds no array is remembered (its arrays are the call's).
+
 Refused (None), so that the decorator traces the VJP anew at every call: a
 VJP whose closure holds anything mutable or opaque (a list, a dict, an object
 whose attributes it may read), one whose code assigns to its closure or to a
@@ -41,8 +47,9 @@ import os
 import sysconfig
 import types
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, TypeVar, cast
 
+from stopgrad_math.shared.bounded_cache import BoundedCache
 from stopgrad_math.shared.function_identity import same
 
 _BY_VALUE = (type(None), bool, int, float, complex, str, bytes)
@@ -84,8 +91,10 @@ class _Refused(Exception):
 def opened(vjp: Callable[..., Any], arrays: Arrays) -> Opened | None:
     """The VJP opened, or None where it holds something a key cannot capture."""
     opening = _Opening(arrays)
+    if not isinstance(vjp, types.FunctionType):
+        return None
     try:
-        key, rebuild = opening.function(vjp, DEPTH)
+        key, rebuild = opening._function(vjp, DEPTH)  # (not remembered: a VJP is made anew at each call)
     except _Refused:
         return None
     return Opened(key, opening.found, rebuild)
@@ -125,25 +134,100 @@ def _facts(code: types.CodeType) -> tuple[frozenset[str], bool, frozenset[str]]:
     return frozenset(names), stores_global, frozenset(stored & set(code.co_freevars))
 
 
+_CELL, _ITEM, _ATTRIBUTE = "cell", "item", "attribute"
+Read = tuple[str, Any, str, Any]  # (kind, where, name, what it gave): a cell's contents, a mapping's item, an attribute
+
+
+def _read(kind: str, where: Any, name: str) -> Any:
+    if kind is _ITEM:
+        return where.get(name, _ABSENT)
+    if kind is _ATTRIBUTE:
+        return getattr(where, name, _ABSENT)
+    return where.cell_contents
+
+
+def _unchanged(reads: tuple[Read, ...]) -> bool:
+    """Whether each read gives the very object it gave when it was recorded (``_read``, inlined: this is the key's
+    cost at every call)."""
+    for kind, where, name, seen in reads:
+        if kind is _ITEM:
+            now = where.get(name, _ABSENT)
+        elif kind is _ATTRIBUTE:
+            now = getattr(where, name, _ABSENT)
+        else:
+            try:
+                now = where.cell_contents
+            except ValueError:  # a cell emptied since
+                return False
+        if now is not seen:
+            return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class _Remembered:
+    """A nested function's part of a key, and the reads it was made of."""
+
+    reads: tuple[Read, ...]
+    made: Any
+
+
+Made = TypeVar("Made")
+
+PARTS_KEPT = 256
+_PARTS: BoundedCache[_Remembered] = BoundedCache(PARTS_KEPT)
+
+
 class _Opening:
-    """Collects the arrays of one VJP's closure, in the order its ``rebuild`` reads them."""
+    """Collects the arrays of one VJP's closure, in the order its ``rebuild`` reads them, and the reads a key is
+    made of."""
 
     def __init__(self, arrays: Arrays) -> None:
         self.arrays = arrays
         self.found: list[Any] = []
+        self.reads: list[Read] = []
+
+    def read(self, kind: str, where: Any, name: str = "") -> Any:
+        seen = _read(kind, where, name)
+        self.reads.append((kind, where, name, seen))
+        return seen
+
+    def remembered(self, part: str, fn: types.FunctionType, depth: int, make: Callable[[], Made]) -> Made:
+        """``make()``, the ``part`` of the key for ``fn``, or what it made before where every read it was made of
+        gives the same object now (``_unchanged``) and it found no array."""
+        index = (part, id(fn), depth, id(self.arrays))  # (a framework's Arrays is a constant of its module)
+        known = _PARTS.get(index)
+        if known is not None and known.reads[0][1] is fn and _unchanged(known.reads):
+            self.reads.extend(known.reads)
+            return cast(Made, known.made)
+        first, arrays = len(self.reads), len(self.found)
+        made = make()
+        if len(self.found) == arrays:  # (its arrays are the call's: a part with one is made at every call)
+            _PARTS.put(index, _Remembered(tuple(self.reads[first:]), made))
+        return made
+
+    def contents(self, cell: Any) -> Any:
+        try:
+            return self.read(_CELL, cell)
+        except ValueError:  # a cell not yet filled
+            raise _Refused from None
 
     def function(self, fn: Any, depth: int) -> tuple[Hashable, Rebuild]:
         if not isinstance(fn, types.FunctionType) or depth < 0:
             raise _Refused
-        code = fn.__code__
+        return self.remembered("function", fn, depth, lambda: self._function(fn, depth))
+
+    def _function(self, fn: types.FunctionType, depth: int) -> tuple[Hashable, Rebuild]:
+        code = self.read(_ATTRIBUTE, fn, "__code__")  # (first: a remembered part's first read is of its function)
         names, stores = _code_facts(code)
         if stores:
             raise _Refused
-        cells = [self.value(_contents(cell), depth, names) for cell in fn.__closure__ or ()]
-        defaults = [self.value(v, depth, names) for v in fn.__defaults__ or ()]
-        kwdefaults = {k: self.value(v, depth, names) for k, v in (fn.__kwdefaults__ or {}).items()}
+        cells = [self.value(self.contents(cell), depth, names) for cell in fn.__closure__ or ()]
+        defaults = [self.value(v, depth, names) for v in self.read(_ATTRIBUTE, fn, "__defaults__") or ()]
+        given = self.read(_ATTRIBUTE, fn, "__kwdefaults__") or {}
+        kwdefaults = {k: self.value(self.read(_ITEM, given, k), depth, names) for k in sorted(given)}
         key = (code, tuple(k for k, _ in cells), tuple(k for k, _ in defaults),
-               tuple((name, k) for name, (k, _) in sorted(kwdefaults.items())),
+               tuple((name, k) for name, (k, _) in kwdefaults.items()),
                self.globals_key(fn, names, depth))
         namespace, name = fn.__globals__, fn.__name__
 
@@ -200,7 +284,7 @@ class _Opening:
             return type(value), value
         if isinstance(value, (types.ModuleType, type)) and depth > 0:
             return same(value), self.attributes(value, depth - 1, names)
-        if isinstance(value, types.FunctionType) and not _library_code(value.__code__):
+        if isinstance(value, types.FunctionType) and not _library_code(self.read(_ATTRIBUTE, value, "__code__")):
             if depth <= 0:
                 raise _Refused  # what it reads further down is out of the key's reach
             return "function", self.function_key(value, depth - 1)
@@ -214,25 +298,32 @@ class _Opening:
         the module itself (``torch.torch``) as such, as its attributes are the module's, in the key already."""
         keys = []
         for name in names:
-            value = getattr(module, name, _ABSENT)
+            value = self.read(_ATTRIBUTE, module, name)
             if value is not _ABSENT:
                 keys.append((name, _ITSELF if value is module else self.attribute_key(value, depth, names)))
         return tuple(keys)
 
     def function_key(self, fn: types.FunctionType, depth: int) -> Hashable:
-        names, stores = _code_facts(fn.__code__)
+        return self.remembered("global function", fn, depth, lambda: self._function_key(fn, depth))
+
+    def _function_key(self, fn: types.FunctionType, depth: int) -> Hashable:
+        code = self.read(_ATTRIBUTE, fn, "__code__")
+        names, stores = _code_facts(code)
         if stores:
             raise _Refused
-        cells = tuple(self.global_key(_contents(cell), depth, names) for cell in fn.__closure__ or ())
-        defaults = tuple(self.global_key(v, depth, names) for v in fn.__defaults__ or ())
-        return fn.__code__, cells, defaults, self.globals_key(fn, names, depth)
+        cells = tuple(self.global_key(self.contents(cell), depth, names) for cell in fn.__closure__ or ())
+        defaults = tuple(self.global_key(v, depth, names) for v in self.read(_ATTRIBUTE, fn, "__defaults__") or ())
+        return code, cells, defaults, self.globals_key(fn, names, depth)
 
     def globals_key(self, fn: types.FunctionType, names: tuple[str, ...], depth: int) -> Hashable:
         """The globals of ``fn`` that its code may read; a name it does not define (a builtin, an attribute's
         name) as absent, so that defining it later makes another key."""
         namespace = fn.__globals__
-        return tuple((name, self.global_key(namespace[name], depth, names)) if name in namespace else (name,)
-                     for name in names)
+        keys = []
+        for name in names:
+            value = self.read(_ITEM, namespace, name)
+            keys.append((name,) if value is _ABSENT else (name, self.global_key(value, depth, names)))
+        return tuple(keys)
 
 
 _LIBRARIES = ("<frozen ", *{os.path.join(path, "") for name in ("stdlib", "platstdlib", "purelib", "platlib")
@@ -244,10 +335,3 @@ whose module globals no user rebinds between calls, and whose functions a key ta
 
 def _library_code(code: types.CodeType) -> bool:
     return code.co_filename.startswith(_LIBRARIES)
-
-
-def _contents(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # a cell not yet filled
-        raise _Refused from None

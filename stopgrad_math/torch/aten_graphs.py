@@ -194,7 +194,11 @@ class LinearMap:
     outputs: list[int] | None = None
 
     def __call__(self, *cotangents: torch.Tensor) -> list[torch.Tensor]:
-        values = self.run(*cotangents, *self.constants)
+        return self.applied(cotangents, self.constants)
+
+    def applied(self, cotangents: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``self.on(constants)(*cotangents)``, without making the map (a backward's call)."""
+        values = self.run(*cotangents, *constants)
         return list(values) if self.outputs is None else [values[k] for k in self.outputs]
 
     def on(self, constants: list[torch.Tensor]) -> LinearMap:

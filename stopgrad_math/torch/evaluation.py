@@ -63,11 +63,18 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
             y, vjp = call_f(f, leaves.with_values({}), kwargs)
         watch = followed if reverse else None
         if not followed.reads_outside:  # y depends on the arguments alone: its value at stop(x), no second call
-            return pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, y), vjp, watch
+            return _detached(y), vjp, watch
     else:
         watch, vjp = None, call_f(f, leaves.with_values({}), kwargs)[1]
     _random_states(drawn)  # the second call draws what the first drew: y and the VJP's residuals agree
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
+
+
+def _detached(y: Any) -> Any:
+    """y with each tensor detached (one tensor, the common output, without pytree's walk)."""
+    if type(y) is torch.Tensor:
+        return y.detach()
+    return pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, y)
 
 
 def _random_states(restored: Any = None) -> Any:

@@ -49,7 +49,7 @@ class _RecordedMap(torch.autograd.Function):
         constants = list(ctx.saved_tensors)
         upstream = [torch.zeros(shape, dtype=dtype, device=device) if ct is None else torch.neg(ct)
                     for ct, (shape, dtype, device) in zip(cotangents, ctx.outputs, strict=True)]
-        gradients = [torch.neg(g) for g in ctx.linear.on(constants)(*upstream)]
+        gradients = [torch.neg(g) for g in ctx.linear.applied(upstream, constants)]
         return (None, None, None, *cotangents, *gradients, *[None] * len(constants))
 
 

@@ -58,7 +58,7 @@ class _Maps:
         return [torch.zeros(shape, dtype=dtype, device=vs[0].device) for shape, dtype in self.outputs]
 
     def linear(self, cts: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
-        return self.vjp.on(constants)(*cts)
+        return self.vjp.applied(cts, constants)
 
     def transposed(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
         second_derivative_guard.check_forward_over_forward(self.name)

@@ -650,6 +650,13 @@ def _every_function_a_librarys(original):
     return lambda code: True
 
 
+def _remembered_whatever_changed(original):
+    """A key reuses a nested function's remembered part without making its reads again: a global that a
+    Function's backward reads, rebound between calls, keeps the first call's proof (the gradient stale,
+    silently)."""
+    return lambda reads: True
+
+
 def _second_order_part_in_jax_first_derivatives(original):
     """JAX's order=2 J·v with the residuals' own tangent left in (issue 58): the term (∂J·dc)·v that ordinary ops
     of J·v add, +0.0 in value and NaN where J's derivative is not finite, in every first derivative."""
@@ -874,6 +881,10 @@ MUTANTS = {
          "each_call",
          "tests/jax/test_compiled_embedding.py::test_a_global_of_a_helper_read_through_its_module_is_read_as_it_is_"
          "at_each_call")),
+    "a key reuses a helper's part though what it read changed": Mutant(
+        "stopgrad_math.shared.closure_key", "_unchanged", _remembered_whatever_changed,
+        ("tests/shared/test_closure_key.py::test_a_remembered_part_is_made_again_when_anything_it_read_changed",
+         f"{_EXISTING_TORCH}::test_a_global_the_backward_reads_is_read_as_it_is_at_each_call")),
     "JAX's order=2 lets the second-order part reach first derivatives": Mutant(
         "stopgrad_math.jax.identity", "mapped_zero", _second_order_part_in_jax_first_derivatives,
         (_ORDER_2_JAX + "test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows",)),

@@ -5,6 +5,8 @@ would break silently: two VJPs share a key only where they are one computation o
 import sys
 import types
 
+import pytest
+
 from stopgrad_math.shared import closure_key
 
 
@@ -114,3 +116,103 @@ def test_what_a_key_cannot_capture_is_refused():
     assert _key(lambda ct: ct * held[0]) is None  # a list: mutable
     assert _key(assigns) is None  # assigns to its closure
     assert _key(types.SimpleNamespace(__call__=lambda ct: ct)) is None  # not a plain function
+
+
+# ---------------------------------------------------------------- a nested function's part, remembered
+
+
+OFFSET = 1.0
+
+
+class Settings:
+    """A class whose attribute a helper reads, as ``Config.scale``."""
+
+    shift = 0.0
+
+
+def _helper(ct, power=1.0, *, bias=0.0):
+    return ct * OFFSET + Settings.shift + power + bias
+
+
+def _through(helper):
+    """A VJP made anew at each call, closing over one helper function that lives across calls."""
+    return lambda ct: helper(ct)
+
+
+def _part(vjp):
+    """The helper's part of the VJP's key (the function in its closure)."""
+    return closure_key.opened(vjp, ARRAYS).key[1][0][1]  # (the cells; the first; past "function")
+
+
+def test_a_helpers_part_is_made_once_and_reused_while_what_it_read_is_the_same():
+    """The part a nested function gives is remembered: a second VJP over the same helper gets the same object
+    (cheap to compare), where a new helper of the same code gets an equal one made anew."""
+    first = _part(_through(_helper))
+    assert _part(_through(_helper)) is first
+    copy = types.FunctionType(_helper.__code__, _helper.__globals__, "copy", _helper.__defaults__)
+    copy.__kwdefaults__ = dict(_helper.__kwdefaults__)
+    assert _part(_through(copy)) == first and _part(_through(copy)) is not first
+
+
+def _rebinds(monkeypatch):
+    """Each way to change what the helper computes between two calls, the helper object itself kept."""
+    return {
+        "a global it reads": lambda: monkeypatch.setattr(sys.modules[__name__], "OFFSET", 3.0),
+        "a class attribute it reads": lambda: monkeypatch.setattr(Settings, "shift", 1.0),
+        "its code": lambda: monkeypatch.setattr(_helper, "__code__", (lambda ct, power=1.0, *, bias=0.0: ct).__code__),
+        "its defaults": lambda: monkeypatch.setattr(_helper, "__defaults__", (2.0,)),
+        "a keyword default, in place": lambda: monkeypatch.setitem(_helper.__kwdefaults__, "bias", 5.0),
+    }
+
+
+@pytest.mark.parametrize("change", ["a global it reads", "a class attribute it reads", "its code", "its defaults",
+                                    "a keyword default, in place"])
+def test_a_remembered_part_is_made_again_when_anything_it_read_changed(monkeypatch, change):
+    before = _part(_through(_helper))
+    _rebinds(monkeypatch)[change]()
+    after = _part(_through(_helper))
+    assert after != before
+    monkeypatch.undo()
+    assert _part(_through(_helper)) == before
+
+
+def test_a_remembered_part_follows_a_cell_its_maker_reassigns_and_a_helper_two_levels_down():
+    """A helper's closure cell, reassigned by the function that made it, and a global read by a helper the helper
+    reads: each changes the part."""
+    factor = 2.0
+
+    def scale(ct):
+        return ct * factor
+
+    def outer(ct):
+        return _reads_offset(scale(ct))
+
+    before = _part(_through(outer))
+    factor = 4.0
+    assert _part(_through(outer)) != before
+    factor = 2.0
+    assert _part(_through(outer)) == before
+    global OFFSET
+    try:
+        OFFSET = 7.0
+        assert _part(_through(outer)) != before
+    finally:
+        OFFSET = 1.0
+
+
+def _reads_offset(ct):
+    return ct + OFFSET
+
+
+def test_a_helper_holding_an_array_is_opened_at_every_call():
+    """A part with an array in it is not remembered (its arrays are the call's): each VJP passes its own."""
+    a, b = Array((3,)), Array((3,))
+
+    def helper_of(array):
+        return lambda ct: ct * array
+
+    shared = helper_of(a)
+    first = closure_key.opened(_through(shared), ARRAYS)
+    shared.__closure__[0].cell_contents = b
+    second = closure_key.opened(_through(shared), ARRAYS)
+    assert first.arrays == [a] and second.arrays == [b] and first.key == second.key
