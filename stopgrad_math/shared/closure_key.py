@@ -53,6 +53,7 @@ from stopgrad_math.shared.bounded_cache import BoundedCache
 from stopgrad_math.shared.function_identity import same
 
 _BY_VALUE = (type(None), bool, int, float, complex, str, bytes)
+_NEVER_ARRAYS = frozenset({type(None), bool, int, str, bytes})  # (a shape, an axis, a count, a name: by value)
 _BY_IDENTITY = (types.ModuleType, type, types.BuiltinFunctionType)
 _STORES = frozenset({"STORE_DEREF", "DELETE_DEREF", "STORE_GLOBAL", "DELETE_GLOBAL"})
 DEPTH = 2  # how many levels of functions in a closure, or read from globals, are opened
@@ -64,7 +65,8 @@ Rebuild = Callable[[list[Any]], Any]
 
 @dataclasses.dataclass(frozen=True)
 class Arrays:
-    """A framework's arrays: which closed-over values are passed in (``is_array``), what of one a traced
+    """A framework's arrays: which closed-over values are passed in (``is_array``: never a bool, int, str, bytes or
+    None, which are keyed by value, nor a tuple; a float or complex may be), what of one a traced
     computation depends on (``key``: its shape, dtype...), and which read from a global may be taken by identity
     because nothing can change it in place (``is_immutable``); and its immutable values taken by value
     (``constants``)."""
@@ -242,15 +244,18 @@ class _Opening:
 
     def value(self, value: Any, depth: int, names: tuple[str, ...]) -> tuple[Hashable, Rebuild]:
         """A value in the closure or the defaults; ``names``: those the code may read as attributes."""
-        if self.arrays.is_array(value):  # first: a framework may pass a number in as an operand
+        kind = type(value)
+        if kind in _NEVER_ARRAYS:
+            return (kind, value), lambda arrays: value
+        if kind is tuple:  # (no framework's array is a tuple)
+            parts = [self.value(v, depth, names) for v in value]
+            return (tuple, tuple(k for k, _ in parts)), lambda arrays: tuple(build(arrays) for _, build in parts)
+        if self.arrays.is_array(value):  # before the numbers: a framework may pass a number in as an operand
             index = len(self.found)
             self.found.append(value)
             return self.arrays.key(value), lambda arrays: arrays[index]
-        if type(value) in _BY_VALUE or type(value) in self.arrays.constants:
-            return (type(value), value), lambda arrays: value
-        if type(value) is tuple:
-            parts = [self.value(v, depth, names) for v in value]
-            return (tuple, tuple(k for k, _ in parts)), lambda arrays: tuple(build(arrays) for _, build in parts)
+        if kind in _BY_VALUE or kind in self.arrays.constants:
+            return (kind, value), lambda arrays: value
         if isinstance(value, _BY_IDENTITY):
             return self.global_key(value, depth, names), lambda arrays: value
         if isinstance(value, types.FunctionType):

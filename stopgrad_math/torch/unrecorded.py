@@ -50,19 +50,23 @@ class Watch(TorchFunctionMode):
         self.reads_outside = False  # whether an op read a tensor that requires grad and is not computed from roots
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        result = func(*args, **(kwargs or {}))
-        operands = tensors(args) + (tensors(tuple(kwargs.values())) if kwargs else [])
+        # (each op of f comes here: written out, where helpers' calls cost about as much as a small op)
+        result = func(*args, **kwargs) if kwargs else func(*args)
         from_lost = from_derived = False
-        for t in operands:
-            if _holds(self.lost, t):
+        lost, derived = self.lost, self.derived
+        for t in tensors(args) + tensors(tuple(kwargs.values())) if kwargs else tensors(args):
+            held = lost.get(id(t))
+            if held is not None and held() is t:
                 from_lost = True
-            elif _holds(self.derived, t):
+                continue
+            held = derived.get(id(t))
+            if held is not None and held() is t:
                 from_derived = True
             elif not self.reads_outside and moves(t):
                 self.reads_outside = True
         if from_lost or from_derived:
-            marked = self.lost if from_lost or not torch.is_grad_enabled() else self.derived
-            for out in tensors((result,)):
+            marked = lost if from_lost or not torch.is_grad_enabled() else derived
+            for out in (result,) if isinstance(result, torch.Tensor) else tensors((result,)):
                 if out.is_floating_point() or out.is_complex():
                     marked[id(out)] = weakref.ref(out)
         return result
@@ -76,10 +80,13 @@ def tensors(values: Sequence[Any]) -> list[torch.Tensor]:
     """The tensors among ``values``' pytree leaves, in order: read off directly where each value is a tensor, an
     atom or a tuple of atoms (an op's usual operands, a Function's ``needs_input_grad``; pytree's walk costs a small
     op's eager call some 10 µs), else by the walk."""
-    if all(isinstance(v, torch.Tensor) or type(v) in _ATOMS or (type(v) is tuple and all(type(u) in _ATOMS for u in v))
-           for v in values):
-        return [v for v in values if isinstance(v, torch.Tensor)]
-    return [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
+    found = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif type(v) not in _ATOMS and not (type(v) is tuple and all(type(u) in _ATOMS for u in v)):
+            return [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
+    return found
 
 
 def moves(tensor: torch.Tensor) -> bool:
