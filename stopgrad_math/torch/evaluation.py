@@ -14,10 +14,11 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from stopgrad_math.shared.arguments import call_f
+from stopgrad_math.shared.arguments import call_f, name_of
 from stopgrad_math.torch import (
     eager_fast_path,
     identity,
+    refusals,
     second_derivative_guard,
     unrecorded,
 )
@@ -57,17 +58,29 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     moving = [leaves.values[k] for k in leaves.differentiable]
     reverse = any(x.requires_grad for x in moving)  # (the watch's lost tensors matter to reverse mode alone)
     drawn = _random_states()
+    versions = [x._version for x in moving]
     if reverse or any(unrecorded.moves(x) for x in moving):
         followed = unrecorded.Watch(moving)
         with followed:
             y, vjp = call_f(f, leaves.with_values({}), kwargs)
+        _refuse_a_change_in_place(f, leaves, versions)
         watch = followed if reverse else None
         if not followed.reads_outside:  # y depends on the arguments alone: its value at stop(x), no second call
             return _detached(y), vjp, watch
     else:
         watch, vjp = None, call_f(f, leaves.with_values({}), kwargs)[1]
+        _refuse_a_change_in_place(f, leaves, versions)
     _random_states(drawn)  # the second call draws what the first drew: y and the VJP's residuals agree
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
+
+
+def _refuse_a_change_in_place(f: Callable[..., Any], leaves: Leaves, versions: list[int]) -> None:
+    """RuntimeError (``refusals.CHANGED_IN_PLACE``) where f, run at x, changed an argument that a derivative is taken
+    through (``unrecorded.moves``) in place: its version counter moved (``versions``: the counters before, of
+    ``leaves.differentiable`` in order). Another argument changed in place (a running statistic) is f's business."""
+    for k, before in zip(leaves.differentiable, versions, strict=True):
+        if leaves.values[k]._version != before and unrecorded.moves(leaves.values[k]):
+            raise RuntimeError(refusals.CHANGED_IN_PLACE.format(name=name_of(f), argument=leaves.labels[k]))
 
 
 def _detached(y: Any) -> Any:

@@ -32,6 +32,14 @@ EVERY_COTANGENT_NONE = (
     "cotangent; autograd takes only those it needs.")
 
 
+CHANGED_IN_PLACE = (
+    "{name} changed its argument {argument} in place (its version counter moved while {name} ran), as a Function's "
+    "forward may only with ctx.mark_dirty. At order=2 f runs on the argument itself, so the change enters the "
+    "argument's own derivative and the gradient through {name} would count it twice, where torch.autograd.Function "
+    "counts it once. Change a copy (x = x.clone()), mark the argument dirty in a Function's forward (the class then "
+    "runs as a torch.autograd.Function), or decorate with order=1.")
+
+
 def sparse_refusal(f: Callable[..., Any], sparse: str) -> NotEmbeddable:
     return NotEmbeddable(f"The vjp of {name_of(f)} reads the sparse tensor {sparse}, which the decorator cannot trace "
                          "into ATen ops to prove the vjp linear: PyTorch's fake tensors have no sparse layout. Close "

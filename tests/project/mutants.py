@@ -657,6 +657,12 @@ def _remembered_whatever_changed(original):
     return lambda reads: True
 
 
+def _change_in_place_let_through(original):
+    """PyTorch's order=2 lets f change a moving argument in place (issue 76): the change enters the argument's own
+    derivative, and the gradient counts it twice, silently."""
+    return lambda f, leaves, versions: None
+
+
 def _second_order_part_in_jax_first_derivatives(original):
     """JAX's order=2 J·v with the residuals' own tangent left in (issue 58): the term (∂J·dc)·v that ordinary ops
     of J·v add, +0.0 in value and NaN where J's derivative is not finite, in every first derivative."""
@@ -885,6 +891,10 @@ MUTANTS = {
         "stopgrad_math.shared.closure_key", "_unchanged", _remembered_whatever_changed,
         ("tests/shared/test_closure_key.py::test_a_remembered_part_is_made_again_when_anything_it_read_changed",
          f"{_EXISTING_TORCH}::test_a_global_the_backward_reads_is_read_as_it_is_at_each_call")),
+    "PyTorch's order=2 lets f change its argument in place": Mutant(
+        "stopgrad_math.torch.evaluation", "_refuse_a_change_in_place", _change_in_place_let_through,
+        (f"{_EXISTING_TORCH}::test_a_forward_changing_its_input_in_place_is_refused_at_order_2_and_the_mechanisms_at_"
+         "order_1",)),
     "JAX's order=2 lets the second-order part reach first derivatives": Mutant(
         "stopgrad_math.jax.identity", "mapped_zero", _second_order_part_in_jax_first_derivatives,
         (_ORDER_2_JAX + "test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows",)),

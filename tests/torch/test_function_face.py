@@ -481,3 +481,86 @@ def test_a_backward_raising_its_own_exception_falls_back_and_raises_it_in_the_ba
     torch.testing.assert_close(y.detach(), torch.tensor([2.0, 4.0]))
     with pytest.raises(Unsupported, match="no gradient for this input"):
         y.sum().backward()
+
+
+# ---------------------------------------------------------------- a forward that changes its input in place
+
+
+def _doubling_in_place(ctx, x):
+    x.mul_(2)  # without ctx.mark_dirty, which torch.autograd.Function forgives
+    ctx.save_for_backward(x)
+    return x
+
+
+def _doubled_gradient(ctx, grad):
+    return grad * 2
+
+
+def _in_place_gradient(base, order=None, way="backward"):
+    """The gradient of Σ w·C(a·1) at a = [1, 2, 3] with w = [1, 2, 3], for C doubling its input in place."""
+    body = {"forward": staticmethod(_doubling_in_place), "backward": staticmethod(_doubled_gradient)}
+    doubling = type("DoublingInPlace", (base,), body if order is None else {**body, "order": order})
+    weights = torch.tensor([1.0, 2.0, 3.0])
+    a = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    if way == "forward_ad":
+        with forward_ad.dual_level():
+            dual = forward_ad.make_dual(a.detach() * 1, torch.ones(3))
+            return forward_ad.unpack_dual((doubling.apply(dual) * weights).sum()).tangent
+    (doubling.apply(a * 1) * weights).sum().backward()
+    return a.grad
+
+
+def test_a_forward_changing_its_input_in_place_is_refused_at_order_2_and_the_mechanisms_at_order_1():
+    """Issue 76: a forward that doubles its input in place without ctx.mark_dirty. torch.autograd.Function counts
+    the change once (the backward's 2·w); at order=2 f ran on the argument itself, the change entered the argument's
+    own derivative, and the gradient was 4·w, silently. Now refused there, naming mark_dirty and the way out; at
+    order=1, where f runs on a stopped alias, the mechanism's gradient."""
+    want = _in_place_gradient(torch.autograd.Function)
+    assert want.tolist() == [2.0, 4.0, 6.0]
+    assert torch.equal(_in_place_gradient(sgm.Function, order=1), want)
+    for way in ("backward", "forward_ad"):
+        with pytest.raises(RuntimeError, match=r"DoublingInPlace changed its argument .* in place .*mark_dirty"):
+            _in_place_gradient(sgm.Function, way=way)  # order 2, the default
+
+
+def test_a_decorated_f_changing_its_argument_in_place_is_refused_at_order_2():
+    def doubling(x):
+        x.mul_(2)
+        return x * 1, lambda ct: ct * 2
+
+    a = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    (sgm.custom_gradient(doubling, order=1)(a * 1) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert a.grad.tolist() == [2.0, 4.0, 6.0]
+    with pytest.raises(RuntimeError, match=r"doubling changed its argument args\[0\] in place"):
+        sgm.custom_gradient(doubling, order=2)(a * 1)
+
+
+class _KeepsARunningMean:
+    """A forward that updates a running mean passed as an argument (a normalization layer's buffer), in place."""
+
+    @staticmethod
+    def forward(ctx, x, running):
+        running.mul_(0.9).add_(0.1 * x.detach().mean(0))
+        ctx.save_for_backward(x)
+        return x * 3.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3.0, None
+
+
+def test_an_argument_no_derivative_is_taken_through_may_change_in_place_as_the_mechanisms_does():
+    """A buffer changed in place is the forward's business: no refusal, the buffer updated once, the gradient the
+    mechanism's, at both orders."""
+    got = {}
+    for name, base, order in (("mechanism", torch.autograd.Function, None), ("order 1", sgm.Function, 1),
+                              ("order 2", sgm.Function, 2)):
+        body = dict(vars(_KeepsARunningMean))
+        body = {k: body[k] for k in ("forward", "backward")}
+        keeps = type("KeepsARunningMean", (base,), body if order is None else {**body, "order": order})
+        running = torch.zeros(3)
+        x = torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]], requires_grad=True)
+        keeps.apply(x, running).sum().backward()
+        got[name] = (running, x.grad)
+    for name in ("order 1", "order 2"):
+        assert torch.equal(got[name][0], got["mechanism"][0]) and torch.equal(got[name][1], got["mechanism"][1])
