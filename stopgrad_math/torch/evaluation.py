@@ -58,7 +58,7 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     moving = [leaves.values[k] for k in leaves.differentiable]
     reverse = any(x.requires_grad for x in moving)  # (the watch's lost tensors matter to reverse mode alone)
     drawn = _random_states()
-    versions = [x._version for x in moving]
+    versions = _versions(leaves)
     if reverse or any(unrecorded.moves(x) for x in moving):
         followed = unrecorded.Watch(moving)
         with followed:
@@ -74,12 +74,19 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
 
 
-def _refuse_a_change_in_place(f: Callable[..., Any], leaves: Leaves, versions: list[int]) -> None:
-    """RuntimeError (``refusals.CHANGED_IN_PLACE``) where f, run at x, changed an argument that a derivative is taken
-    through (``unrecorded.moves``) in place: its version counter moved (``versions``: the counters before, of
-    ``leaves.differentiable`` in order). Another argument changed in place (a running statistic) is f's business."""
-    for k, before in zip(leaves.differentiable, versions, strict=True):
-        if leaves.values[k]._version != before and unrecorded.moves(leaves.values[k]):
+def _versions(leaves: Leaves) -> dict[int, int]:
+    """The version counters of the differentiable arguments a derivative is taken through (``unrecorded.moves``), by
+    leaf (an inference tensor has none, and no derivative is taken through one)."""
+    return {k: x._version for k in leaves.differentiable
+            if unrecorded.moves(x := leaves.values[k]) and not x.is_inference()}
+
+
+def _refuse_a_change_in_place(f: Callable[..., Any], leaves: Leaves, versions: dict[int, int]) -> None:
+    """RuntimeError (``refusals.CHANGED_IN_PLACE``) where f, run at x, changed in place an argument a derivative is
+    taken through: its version counter moved from ``versions`` (``_versions``). Another argument changed in place (a
+    running statistic) is f's business."""
+    for k, before in versions.items():
+        if leaves.values[k]._version != before:
             raise RuntimeError(refusals.CHANGED_IN_PLACE.format(name=name_of(f), argument=leaves.labels[k]))
 
 

@@ -564,3 +564,14 @@ def test_an_argument_no_derivative_is_taken_through_may_change_in_place_as_the_m
         got[name] = (running, x.grad)
     for name in ("order 1", "order 2"):
         assert torch.equal(got[name][0], got["mechanism"][0]) and torch.equal(got[name][1], got["mechanism"][1])
+
+
+def test_an_inference_tensor_among_the_arguments_has_no_version_to_read_and_is_no_trouble():
+    """An inference tensor tracks no version counter (reading one raises): the in-place check reads only the
+    arguments a derivative is taken through, and a constant made under inference_mode passes at order=2."""
+    with torch.inference_mode():
+        offset = torch.ones(3)
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    shifted = sgm.custom_gradient(lambda x, c: (x + c, lambda ct: (ct, None)), order=2)
+    shifted(x, offset).sum().backward()
+    assert x.grad.tolist() == [1.0, 1.0, 1.0]
