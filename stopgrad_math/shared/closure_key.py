@@ -197,9 +197,10 @@ class _Opening:
     def remembered(self, part: str, fn: types.FunctionType, depth: int, make: Callable[[], Made]) -> Made:
         """``make()``, the ``part`` of the key for ``fn``, or what it made before where every read it was made of
         gives the same object now (``_unchanged``) and it found no array."""
-        index = (part, id(fn), depth, id(self.arrays))  # (a framework's Arrays is a constant of its module)
+        # (a kept part's reads hold fn, so its id is its own; a framework's Arrays is a constant of its module)
+        index = (part, id(fn), depth, id(self.arrays))
         known = _PARTS.get(index)
-        if known is not None and known.reads[0][1] is fn and _unchanged(known.reads):
+        if known is not None and _unchanged(known.reads):
             self.reads.extend(known.reads)
             return cast(Made, known.made)
         first, arrays = len(self.reads), len(self.found)
@@ -220,7 +221,7 @@ class _Opening:
         return self.remembered("function", fn, depth, lambda: self._function(fn, depth))
 
     def _function(self, fn: types.FunctionType, depth: int) -> tuple[Hashable, Rebuild]:
-        code = self.read(_ATTRIBUTE, fn, "__code__")  # (first: a remembered part's first read is of its function)
+        code = self.read(_ATTRIBUTE, fn, "__code__")
         names, stores = _code_facts(code)
         if stores:
             raise _Refused

@@ -58,8 +58,8 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     moving = [leaves.values[k] for k in leaves.differentiable]
     reverse = any(x.requires_grad for x in moving)  # (the watch's lost tensors matter to reverse mode alone)
     drawn = _random_states()
-    versions = _versions(leaves)
     if reverse or any(unrecorded.moves(x) for x in moving):
+        versions = _versions(leaves)
         followed = unrecorded.Watch(moving)
         with followed:
             y, vjp = call_f(f, leaves.with_values({}), kwargs)
@@ -68,8 +68,7 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
         if not followed.reads_outside:  # y depends on the arguments alone: its value at stop(x), no second call
             return _detached(y), vjp, watch
     else:
-        watch, vjp = None, call_f(f, leaves.with_values({}), kwargs)[1]
-        _refuse_a_change_in_place(f, leaves, versions)
+        watch, vjp = None, call_f(f, leaves.with_values({}), kwargs)[1]  # (nothing moves: no change to refuse)
     _random_states(drawn)  # the second call draws what the first drew: y and the VJP's residuals agree
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
 
