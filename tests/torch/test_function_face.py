@@ -523,6 +523,26 @@ def test_a_forward_changing_its_input_in_place_is_refused_at_order_2_and_the_mec
             _in_place_gradient(sgm.Function, way=way)  # order 2, the default
 
 
+@pytest.mark.parametrize("order", [1, 2])
+def test_a_forward_changing_its_input_in_place_gets_the_mechanisms_derivative_under_torch_func_and_compiled(
+        order, monkeypatch):
+    """Where f runs on a stopped alias at either order (one torch.func transform alone, torch.compile), the change
+    stays out of the derivative, as under torch.autograd.Function: 2·w, and its JVP along ones 2·Σw = 12."""
+    body = {"forward": staticmethod(_doubling_in_place), "backward": staticmethod(_doubled_gradient), "order": order}
+    doubling = type("DoublingInPlace", (sgm.Function,), body)
+    weights = torch.tensor([1.0, 2.0, 3.0])
+
+    def loss(a):
+        return (doubling.apply(a * 1) * weights).sum()
+
+    assert torch.func.grad(loss)(torch.tensor([1.0, 2.0, 3.0])).tolist() == [2.0, 4.0, 6.0]
+    assert float(torch.func.jvp(loss, (torch.tensor([1.0, 2.0, 3.0]),), (torch.ones(3),))[1]) == 12.0
+    a = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    fresh_compilation(monkeypatch)
+    compiled = torch.compile(doubling.apply, fullgraph=True)
+    assert torch.autograd.grad((compiled(a * 1) * weights).sum(), a)[0].tolist() == [2.0, 4.0, 6.0]
+
+
 def test_a_decorated_f_changing_its_argument_in_place_is_refused_at_order_2():
     def doubling(x):
         x.mul_(2)
