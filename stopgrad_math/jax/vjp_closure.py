@@ -28,7 +28,8 @@ __all__ = ["Opened", "aval_key", "opened"]
 
 def aval_key(array: Any) -> Hashable:
     """An array by what a compilation depends on: its shape, dtype and weak type."""
-    return "array", tuple(np.shape(array)), np.dtype(array.dtype), bool(getattr(array, "weak_type", False))
+    return "array", tuple(np.shape(array)), array.dtype, bool(getattr(array, "weak_type", False))  # (a typed PRNG
+    # key's dtype is no NumPy dtype)
 
 
 _NUMBERS = (float, complex)  # passed in as operands (bool and int are not: a shape, an axis, a count)
