@@ -365,6 +365,30 @@ def boolean_mask_op(module: fx.GraphModule, batched: set[int]) -> str | None:
     return None
 
 
+def drawn_op(module: fx.GraphModule) -> str | None:
+    """The first random op (a draw from PyTorch's generators: ``randn``, ``bernoulli``, ``native_dropout``) whose
+    result the graph's outputs are computed from, else None. A graph run again draws again: where it holds f's ops
+    (a compiled proof's, traced with f), its outputs would be computed from another draw than the value's."""
+    draws = [n for n in module.graph.nodes if _draws(n)]
+    output = next(n for n in reversed(module.graph.nodes) if n.op == "output")
+    reached = next((n for n in draws if reaches_any(output, {n})), None) if draws else None
+    return None if reached is None else linear_ops.op_name(reached.target)
+
+
+def _draws(node: fx.Node) -> bool:
+    """Whether the node draws from PyTorch's generators: an op PyTorch tags as seeded, but a dropout or an attention
+    with its dropout off (a probability of 0, or ``train=False``), which draws nothing."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
+            or torch.Tag.nondeterministic_seeded not in node.target.tags:
+        return False
+    arguments = node.target._schema.arguments
+    given = {a.name: node.args[k] if k < len(node.args) else node.kwargs.get(a.name, a.default_value)
+             for k, a in enumerate(arguments)}
+    if not any(word in linear_ops.op_name(node.target) for word in ("dropout", "attention")):
+        return True
+    return given.get("train") is not False and bool(given.get("dropout_p", given.get("p")) != 0)
+
+
 def _is_bool(node: fx.Node) -> bool:
     value = node.meta.get("val")
     return isinstance(value, torch.Tensor) and value.dtype == torch.bool

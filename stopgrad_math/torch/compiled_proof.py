@@ -58,7 +58,7 @@ def _shape_of(tensor: torch.Tensor, specialized: bool) -> tuple[tuple[int | None
 
 def proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], outputs: Leaves,
                            names: list[str], order: int, falls_back: bool = False,
-                           ) -> tuple[list[int], Linear | None, Linear | None, bool] | str:
+                           ) -> tuple[list[int], Linear | None, Linear | None, bool, int] | str:
     """``decorator_form._proven`` where Dynamo traces the call. The VJP there is Dynamo's variable, not a function
     make_fx can trace again, so ``_stopgrad_math_proof`` traces f and its VJP anew, on fake tensors of the arguments'
     shapes: a constant of the graph to Dynamo, made as it traces, and again when it recompiles for another f, rank or
@@ -67,8 +67,9 @@ def proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[s
     (shape, dtype, device) and each other leaf as itself, one argument apiece (an object or a module is taken as it is
     there, guarded by its identity, and not inside a tuple). Where the proof registered the map and its transpose
     (``compiled_graphs.registered``), they come back as functions of y's cotangents and of v, run on f's arguments
-    stopped; else None, and the VJP is differentiated as Dynamo traces it. ``falls_back``: a VJP that cannot be embedded
-    gives the reason (a ``NotEmbeddable``'s message, a constant) rather than raising."""
+    stopped; else None, and the VJP is differentiated as Dynamo traces it; last, the order the call is embedded at (1 at
+    order 2 where the VJP reads a tensor f computed with grad mode off, ``unrecorded``). ``falls_back``: a VJP that
+    cannot be embedded gives the reason (a ``NotEmbeddable``'s message, a constant) rather than raising."""
     nest = (leaves.with_values({}), kwargs)
     flat = pytree.tree_leaves(nest)
     skeleton = pytree.tree_map(lambda v: None, nest)
@@ -97,13 +98,15 @@ def proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[s
             if falls_back:
                 return refusals.BRANCH_ON_A_FLOAT.format(name=name_of(f))
             refusals.refuse(refusals.BRANCH_ON_A_FLOAT.format(name=name_of(f)))
+    if key == _UNRECORDED:  # first derivatives as order 1 gives them; a second raises (``guarded_at_order_1``)
+        return proven_while_compiling(f, leaves, kwargs, outputs, names, 1, falls_back)
     if key == _REFUSED:
         return _REFUSALS[int(kept[0])]
     if key == _REVERSE_ONLY:
-        return _graphs_at(f, kept[0], list(kept[1:]), flat, tensors, numbers, order, reverse_only=True)
+        return (*_graphs_at(f, kept[0], list(kept[1:]), flat, tensors, numbers, order, reverse_only=True), order)
     if key < 0:
-        return kept, None, None, False
-    return _graphs_at(f, key, kept, flat, tensors, numbers, order, reverse_only=False)
+        return kept, None, None, False, order
+    return (*_graphs_at(f, key, kept, flat, tensors, numbers, order, reverse_only=False), order)
 
 
 def _graphs_at(f: Callable[..., Any], key: int, kept: list[int], flat: list[Any], tensors: tuple[int, ...],
@@ -154,6 +157,8 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
         proof = (_proof_for_any_size(f, names, order, skeleton, tensors, numbers, cotangents, *flat) if any_size
                  else _proof_of_f(f, names, order, skeleton, tensors, numbers, cotangents, *flat,
                                   symbolic=bool(numbers)))
+    except _Unrecorded:
+        proof = (_UNRECORDED, 0)
     except Exception as error:
         if not (falls_back and refusals.falls_back_on(error)):
             raise
@@ -165,6 +170,19 @@ def _stopgrad_math_proof(f: Callable[..., Any], names: tuple[str, ...], order: i
 _PROVEN_WHILE_COMPILING: bounded_cache.BoundedCache[tuple[int, ...]] = bounded_cache.BoundedCache(
     kept_proofs.PROOFS_KEPT)
 _REFUSED = -3  # a proof's first number where the VJP cannot be embedded and the call falls back
+_UNRECORDED = -5  # one at order 2 whose VJP reads a tensor f computed with grad mode off: proven at order 1 instead
+
+
+class _Unrecorded(ValueError):
+    """Raised in a proof's trace where the VJP reads a tensor f computed with grad mode off (``unrecorded``)."""
+
+
+def _check_recorded(watch: unrecorded.Watch | None, vjp: Any) -> None:
+    lifted = vjp_closure.lifted(vjp)
+    if unrecorded.lost_read(watch, [] if lifted is None else lifted.tensors):
+        raise _Unrecorded
+
+
 _REVERSE_ONLY = -4  # one whose transpose cannot be formed (``compiled_graphs.registered``): then the key, and the
 # leaves kept
 _REFUSALS: list[str] = []  # their reasons, one per compilation that fell back
@@ -225,8 +243,7 @@ def _proof_of_f(f: Callable[..., Any], names: tuple[str, ...], order: int, skele
         with nesting.evaluating(1), unrecorded.watching(roots) as watch, torch.set_grad_enabled(order == 2):
             y, vjp = call_f(f, args, kwargs)
         vjps.append(vjp)
-        lifted = vjp_closure.lifted(vjp)
-        unrecorded.check(watch, [] if lifted is None else lifted.tensors, name_of(f))
+        _check_recorded(watch, vjp)
         read.append(tracing.Cotangents(f, list(names), Leaves.of_arguments(args, list(names)), Leaves.of(y, "y"),
                                        order))
         return read[-1].of(vjp)(*values[:count])
@@ -273,6 +290,11 @@ def _routed(f: Callable[..., Any], traced: aten_graphs.Traced, flat: Sequence[An
     with no tensor from outside, and wherever its autodiff as written is not the map (``as_written``), if f's code
     reaches every tensor from outside by a name (``outside_reads``). Else the autodiff as written serves where it is the
     map, and anything else is refused: a ValueError naming why."""
+    drawn = aten_graphs.drawn_op(traced.graph)
+    if drawn is not None:  # graphs run again would draw again: the VJP as Dynamo traces it reads the value's draw
+        if order == 1 and as_written():
+            return None
+        raise NotEmbeddable(refusals.DRAWN_AGAIN.format(name=name_of(f), op=drawn))
     outside = [traced.constants[k] for k in range(len(traced.constants)) if k not in traced.literals]
     numbers = all(traced.constants[k].numel() == 1 for k in traced.literals)
     if numbers and not outside:

@@ -40,6 +40,15 @@ CHANGED_IN_PLACE = (
     "runs as a torch.autograd.Function), or decorate with order=1.")
 
 
+DRAWN_AGAIN = (
+    "The vjp of {name} is computed from a random draw (aten::{op}) of f's. Under torch.compile the decorator embeds "
+    "the vjp as graphs of f and the vjp together, which would draw again: the gradient would be another draw's than "
+    "the value's. It embeds the vjp as Dynamo traces it, which reads the value's draw, at order=1 where the vjp's "
+    "autodiff is its map (written in grad mode, no stop on the cotangent's path); eagerly and under torch.func the "
+    "draw is replayed at either order. Decorate with order=1, draw the noise outside f and pass it as an argument, "
+    "or call f uncompiled.")
+
+
 def sparse_refusal(f: Callable[..., Any], sparse: str) -> NotEmbeddable:
     return NotEmbeddable(f"The vjp of {name_of(f)} reads the sparse tensor {sparse}, which the decorator cannot trace "
                          "into ATen ops to prove the vjp linear: PyTorch's fake tensors have no sparse layout. Close "
