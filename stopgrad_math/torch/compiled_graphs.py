@@ -55,6 +55,17 @@ def run_compiled(key: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(COMPILED[key](*tensors))
 
 
+@torch._dynamo.allow_in_graph  # type: ignore[untyped-decorator]
+def guarded_at_order_1(refusal: str, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The arguments of a compiled call embedded at order 1, which holds J constant in them, as they are: a
+    LookupError saying ``refusal`` where more than one derivative is taken of them. Dynamo shows no torch.func
+    transform to the code it traces, so the guard of an eager call cannot run there; AOTAutograd runs this call
+    as it traces, inside the transforms (a compiled ``torch.func.hessian`` gave 0 silently before)."""
+    if second_derivative_guard.derivatives_taken(tensors) > 1:
+        raise LookupError(refusal)
+    return tuple(t.view_as(t) for t in tensors)
+
+
 @dataclasses.dataclass(frozen=True)
 class Registered:
     """The graphs registered at ``key`` for a compiled call at order 2 (or one whose J·v cannot be formed, at order

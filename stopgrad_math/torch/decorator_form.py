@@ -55,8 +55,9 @@ import torch
 
 from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.shared import nesting
-from stopgrad_math.shared.arguments import call_f, name_of
+from stopgrad_math.shared.arguments import BEYOND_ORDER, call_f, name_of
 from stopgrad_math.torch import (
+    compiled_graphs,
     compiled_proof,
     evaluation,
     identity,
@@ -90,27 +91,30 @@ def _proven(cotangents: tracing.Cotangents, vjp: Callable[[Any], Any],
 
 def _proven_call(cotangents: tracing.Cotangents, vjp: Callable[[Any], Any], kwargs: dict[str, Any],
                  watch: unrecorded.Watch | None,
-                 falls_back: bool) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None, bool] | str:
+                 falls_back: bool) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None, bool, int] | str:
     """``_proven`` eagerly and under torch.func, ``compiled_proof.proven_while_compiling`` under Dynamo: the kept
-    leaves, the VJP's map, what it closes over (eagerly), its transpose where at hand, and whether the map is embedded
-    alone (compiled, ``compiled_proof._REVERSE_ONLY``); ``falls_back``: a VJP that cannot be embedded gives the reason
-    rather than raising."""
+    leaves, the VJP's map, what it closes over (eagerly), its transpose where at hand, whether the map is embedded
+    alone (compiled, ``compiled_proof._REVERSE_ONLY``), and the order it is embedded at: 1 at order 2 where the VJP
+    reads a tensor f computed with grad mode off (``unrecorded``), whose derivative order 2 cannot take;
+    ``falls_back``: a VJP that cannot be embedded gives the reason rather than raising."""
     f, leaves, outputs, names, order = (cotangents.f, cotangents.leaves, cotangents.outputs, cotangents.names,
                                         cotangents.order)
     if identity.compiling():
         proof = compiled_proof.proven_while_compiling(f, leaves, kwargs, outputs, names, order, falls_back=falls_back)
         if isinstance(proof, str):
             return proof
-        kept, registered, transposed, alone = proof
-        return kept, cotangents.of(vjp, kept) if registered is None else registered, [], transposed, alone
+        kept, registered, transposed, alone, embedded_at = proof
+        return kept, cotangents.of(vjp, kept) if registered is None else registered, [], transposed, alone, embedded_at
     try:
         kept, linear, closed_over, transposed = _proven(cotangents, vjp, order)
+        if unrecorded.lost_read(watch, closed_over):  # order 2 cannot differentiate the VJP: order 1's first
+            kept, linear, closed_over, transposed = _proven(cotangents, vjp, 1)  # derivatives, and a second raises
+            return kept, linear, closed_over, transposed, False, 1
     except Exception as error:
         if not (falls_back and refusals.falls_back_on(error)):
             raise
         return refusals.fall_back_reason(f, error)
-    unrecorded.check(watch, closed_over, name_of(f))
-    return kept, linear, closed_over, transposed, False
+    return kept, linear, closed_over, transposed, False, order
 
 
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any], order: int,
@@ -126,23 +130,37 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     if not outputs.differentiable:
         return y
     cotangents = tracing.Cotangents(f, names, leaves, outputs, order)
-    compiling = identity.compiling()
     proof = _proven_call(cotangents, vjp, kwargs, watch, fallback is not None)
     if isinstance(proof, str):
         assert fallback is not None  # (a reason comes back only where there is one to take it)
         return fallback(proof)
-    kept, linear, closed_over, transposed, alone = proof
+    kept, linear, closed_over, transposed, alone, embedded_at = proof
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0
                     for x in leaves.tensors()), torch.zeros(()))
         return outputs.with_values({k: identity.attach(outputs.values[k], [zero]) for k in outputs.differentiable})
-    if guard and not compiling:  # J depends on xs and what the VJP closes over: derivatives of those count
-        second_derivative_guard.check([*xs, *closed_over], order, name)
-        product = zero_terms.product_of_map(outputs, xs, transposed, closed_over, name, order)
-        if product is not None:
-            return product
-        xs = [second_derivative_guard.hooked(x, closed_over, name) for x in xs] if order == 1 else xs
+    why = unrecorded.UNRECORDED if embedded_at < order else None  # (a second derivative raises, saying why)
+    return _attached(linear, outputs, xs, closed_over, transposed, alone, name, embedded_at, guard, why)
+
+
+def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], closed_over: list[torch.Tensor],
+              transposed: Linear | None, alone: bool, name: str, order: int, guard: bool, why: str | None) -> Any:
+    """y with the zero term of the map ``linear`` through xs (``zero_terms``), embedded at ``order``, guarded where
+    ``guard``: a derivative beyond the order raises (``why``: what it says, about ``{name}``)."""
+    if not guard:
+        return zero_terms.attached(linear, outputs, xs, order, transposed, name, alone)
+    if identity.compiling():  # the transforms show as AOTAutograd traces the call (order 2 guards in ``mapped_zero``)
+        xs = list(compiled_graphs.guarded_at_order_1((why or BEYOND_ORDER[1]).format(name=name), *xs)) \
+            if order == 1 else xs
+        return zero_terms.attached(linear, outputs, xs, order, transposed, name, alone)
+    # J depends on xs and what the VJP closes over: derivatives of those count
+    second_derivative_guard.check([*xs, *closed_over], order, name, why)
+    product = None if why else zero_terms.product_of_map(outputs, xs, transposed, closed_over, name, order)
+    if product is not None:
+        return product
+    xs = [second_derivative_guard.hooked(x, closed_over, name, why or BEYOND_ORDER[1]) for x in xs] \
+        if order == 1 else xs
     return zero_terms.attached(linear, outputs, xs, order, transposed, name, alone)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
@@ -51,6 +52,12 @@ class FunctionContext:
 
     def save_for_backward(self, *tensors: Any) -> None:
         self.saved_tensors = tensors
+
+    @property
+    def saved_variables(self) -> tuple[Any, ...]:
+        """``saved_tensors``, by the name PyTorch still accepts, with its warning."""
+        warnings.warn("'saved_variables' is deprecated; use 'saved_tensors'", DeprecationWarning, stacklevel=2)
+        return self.saved_tensors
 
     def save_for_forward(self, *tensors: Any) -> None:  # read by a jvp alone, which a Function here has not
         del tensors
@@ -298,6 +305,13 @@ def _fallen_back(cls: type[Function], args: tuple[Any, ...], route: Route) -> An
                             "differentiates a Function's forward inside a torch.func transform, dropping its "
                             "backward without a word (pytorch#193279, on torch 2.6 to 2.14): call the "
                             "transform outside the compiled function, or make the backward embeddable.")
+        if forward_ad._current_level >= 0 and any(
+                _differentiable(a) and forward_ad.unpack_dual(a).tangent is not None for a in args):  # type: ignore[no-untyped-call]
+            refusals.refuse(f"{cls.__name__} would run as a torch.autograd.Function here, since stopgrad_math "
+                            f"cannot embed its backward ({route.reason}), and under torch.compile PyTorch gives "
+                            "forward mode of a Function without a jvp as its forward's own derivative, dropping "
+                            "its backward without a word, where eagerly it raises: take forward mode outside the "
+                            "compiled function, or make the backward embeddable.")
         return compiled.apply(*args)  # type: ignore[no-untyped-call]
     if second_derivative_guard.in_transform() and not _has_setup_context(cls):
         raise RuntimeError(f"{cls.__name__} runs as a torch.autograd.Function here, since stopgrad_math cannot embed "

@@ -81,11 +81,11 @@ def forward_mode_possible() -> bool:
     return forward_ad._current_level >= 0 or in_transform()
 
 
-def check(tensors: Iterable[torch.Tensor], order: int, name: str) -> None:
-    """LookupError naming ``order=2`` (or saying that order 2 is exact to the second derivative) where more
-    derivatives than ``order`` are being taken of ``tensors``."""
+def check(tensors: Iterable[torch.Tensor], order: int, name: str, why: str | None = None) -> None:
+    """LookupError naming ``order=2`` (or saying that order 2 is exact to the second derivative; or ``why``, a
+    message about ``{name}``) where more derivatives than ``order`` are being taken of ``tensors``."""
     if derivatives_taken(tensors) > order:
-        raise LookupError(BEYOND_ORDER[order].format(name=name))
+        raise LookupError((why or BEYOND_ORDER[order]).format(name=name))
 
 
 FORWARD_OVER_FORWARD = (
@@ -103,7 +103,7 @@ def check_forward_over_forward(name: str) -> None:
         raise LookupError(FORWARD_OVER_FORWARD.format(name=name))
 
 
-def hooked(x: torch.Tensor, stopped: list[torch.Tensor], name: str) -> torch.Tensor:
+def hooked(x: torch.Tensor, stopped: list[torch.Tensor], name: str, why: str = BEYOND_ORDER[1]) -> torch.Tensor:
     """x, or where backward may reach it, an alias of it with a hook for a backward pass recording a second
     derivative (order 1). ``stopped``: what J depends on besides x, held constant (the tensors the VJP closes
     over).
@@ -112,12 +112,12 @@ def hooked(x: torch.Tensor, stopped: list[torch.Tensor], name: str) -> torch.Ten
     ``create_graph=True`` is returned with a zero term attached, +0.0 in value, through x and ``stopped``: only a
     derivative of it that reaches them, and so would miss J's own dependence on them, runs that term's hook,
     which raises. A derivative w.r.t. anything else (a gradient penalty's weights outside f) is exact, and runs
-    nothing of it."""
+    nothing of it. ``why``: what it raises, about ``{name}``."""
     if not x.requires_grad or compiling() or in_transform():
         return x
     v = x.view_as(x)
     live = live_of(x, stopped)
-    v.register_hook(lambda gradient: guarded(gradient, live, name))  # type: ignore[no-untyped-call]
+    v.register_hook(lambda gradient: guarded(gradient, live, name, why))  # type: ignore[no-untyped-call]
     return v
 
 
@@ -126,21 +126,21 @@ def live_of(x: torch.Tensor, stopped: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t for t in (x, *stopped) if t.requires_grad]
 
 
-def guarded(gradient: torch.Tensor, live: list[torch.Tensor], name: str) -> torch.Tensor:
+def guarded(gradient: torch.Tensor, live: list[torch.Tensor], name: str, why: str = BEYOND_ORDER[1]) -> torch.Tensor:
     """A gradient reaching x at order 1, guarded (``hooked``'s hook; the decorator's reverse fast path, in its
     backward): LookupError where it is a dual tensor (forward mode over the backward pass); where grad mode records
     it (``create_graph=True``), the gradient bit for bit with a zero term attached through ``live``
     (``live_of``) whose own derivative raises, since a later derivative that reaches them through it would miss
     J's dependence on them; else the gradient as it is."""
     if forward_ad.unpack_dual(gradient).tangent is not None:  # type: ignore[no-untyped-call]
-        raise LookupError(BEYOND_ORDER[1].format(name=name))
+        raise LookupError(why.format(name=name))
     if not torch.is_grad_enabled():
         return gradient
     reached = sum((zero_with_slope(t, slope_is_negative=False).real.sum() for t in live),
                   torch.zeros((), dtype=gradient.real.dtype, device=gradient.device))
 
     def refuse(_: torch.Tensor) -> None:
-        raise LookupError(BEYOND_ORDER[1].format(name=name))
+        raise LookupError(why.format(name=name))
 
     reached.register_hook(refuse)  # type: ignore[no-untyped-call]
     return gradient - reached.to(gradient.dtype)  # −0.0 − (+0.0) is −0.0: the gradient bit for bit

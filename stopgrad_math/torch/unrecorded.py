@@ -8,9 +8,10 @@ while forward mode records it all the same: ``torch.func.hessian`` took half
 of the Hessian's term through it and ``create_graph`` none. ``watching``
 follows what f computes from its arguments while it runs (a torch function
 mode), marking what is computed with grad mode off and what follows from
-that, and ``check`` raises where the VJP reads a marked tensor. A tensor
-read from elsewhere (a weight) is not followed, and a ``detach()`` written
-in f is a stop its author chose, taken as one.
+that, and ``lost_read`` says whether the VJP reads a marked tensor: the
+call's first derivatives are then order 1's, and a second derivative raises
+``UNRECORDED``. A tensor read from elsewhere (a weight) is not followed, and
+a ``detach()`` written in f is a stop its author chose, taken as one.
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 UNRECORDED = (
-    "The vjp of {name} reads a tensor that f computed from its arguments with grad mode off (no_grad, "
-    "set_grad_enabled(False), inference_mode), as a Function's forward runs. order=2 differentiates the vjp "
-    "through what it reads, and reverse mode has no record of that tensor's dependence on the arguments: a second "
-    "derivative would miss its term (torch.func.hessian would take half of it). Compute that tensor in grad mode in "
-    "f (the decorator stops f's value, so grad mode adds no derivative to y), or decorate with order=1, where a "
-    "second derivative raises.")
+    "A second derivative through {name} would miss a term: its vjp reads a tensor that {name} computed from its "
+    "arguments with grad mode off (no_grad, set_grad_enabled(False), inference_mode), as a Function's forward "
+    "runs, and reverse mode has no record of that tensor's dependence on the arguments (torch.func.hessian would "
+    "take half of the term). First derivatives are exact: they need none of it. For second derivatives too, compute "
+    "that tensor in grad mode (the decorator stops the value, so grad mode adds no derivative to it).")
 
 
 class Watch(TorchFunctionMode):
@@ -113,7 +113,7 @@ def watching(roots: list[torch.Tensor] | None) -> Iterator[Watch | None]:
         yield watch
 
 
-def check(watch: Watch | None, read: Iterable[Any], name: str) -> None:
-    """ValueError (``UNRECORDED``) where the VJP of ``name`` reads (``read``) a tensor the watch found lost."""
-    if watch is not None and any(isinstance(t, torch.Tensor) and _holds(watch.lost, t) for t in read):
-        raise ValueError(UNRECORDED.format(name=name))
+def lost_read(watch: Watch | None, read: Iterable[Any]) -> bool:
+    """Whether the VJP reads (``read``) a tensor the watch found lost: a second derivative then raises
+    ``UNRECORDED``, and first derivatives are order 1's."""
+    return watch is not None and any(isinstance(t, torch.Tensor) and _holds(watch.lost, t) for t in read)

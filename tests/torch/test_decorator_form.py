@@ -384,7 +384,8 @@ def _sin_computed_without_grad(order, how):
         if how == "detach":
             c = torch.cos(x).detach()
         else:
-            with torch.no_grad() if how == "no_grad" else torch.inference_mode():
+            with {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(
+                    how, lambda: torch.set_grad_enabled(False))():
                 c = torch.cos(x)
         return torch.sin(x), lambda ct: ct * c
 
@@ -393,38 +394,69 @@ def _sin_computed_without_grad(order, how):
 
 @pytest.mark.parametrize("how", ["no_grad", "inference_mode"])
 @pytest.mark.parametrize("way", SECOND)
-def test_order_2_with_a_forward_without_grad_mode_raises_never_a_fraction_of_the_hessian(way, how):
+def test_order_2_with_a_forward_without_grad_mode_raises_at_a_second_derivative_never_a_fraction_of_it(way, how):
     """The VJP reads cos(x) computed with grad mode off: reverse mode has no record of its dependence on x, so
-    order=2 cannot be exact (torch.func.hessian gave half the term, create_graph none): a ValueError that names
-    grad mode and says what to do. The same f in grad mode is exact (above)."""
-    with pytest.raises(ValueError, match=r"with grad mode off \(no_grad.*Compute that tensor in grad mode"):
+    order=2 cannot be exact (torch.func.hessian gave half the term, create_graph none): a LookupError when the
+    second derivative is taken, naming grad mode and what to do, and neither order (each would refuse it too). The
+    same f in grad mode is exact (above)."""
+    if how == "inference_mode" and way == "autograd.grad(create_graph)":  # autograd saves no inference tensor,
+        with pytest.raises(RuntimeError, match="Inference tensors cannot be saved"):  # in a Function's backward too
+            _second(way, _sin_computed_without_grad(2, how), X64)
+        return
+    with pytest.raises(LookupError, match=r"with grad mode off \(no_grad.*compute that tensor in grad mode") as raised:
         _second(way, _sin_computed_without_grad(2, how), X64)
+    assert "order=" not in str(raised.value)
 
 
-@pytest.mark.parametrize("how", ["no_grad", "inference_mode"])
-def test_order_2_with_a_forward_without_grad_mode_gives_first_derivatives_where_no_second_can_be_taken(how):
-    """Issue 56: under one grad or vjp transform alone (nothing under its wrappers requiring grad) no second
-    derivative can be taken, so f runs at stop(x) and the VJP's no-grad tensor is what order 1 reads: the first
-    derivative, exactly, where the second derivatives above raise."""
-    sin = _sin_computed_without_grad(2, how)
-    torch.testing.assert_close(torch.func.grad(lambda x: sin(x).sum())(X64), torch.cos(X64), rtol=0, atol=0)
-    torch.testing.assert_close(torch.func.vmap(torch.func.grad(sin))(X64), torch.cos(X64), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="with grad mode off"):  # a leaf requiring grad: a second one may be taken
-        torch.func.grad(lambda x: sin(x).sum())(X64.clone().requires_grad_(True))
+@pytest.mark.parametrize("how", ["no_grad", "set_grad_enabled(False)"])
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "autograd.grad(create_graph)"])
+def test_order_2_with_a_forward_without_grad_mode_gives_order_1s_first_derivatives_in_every_mode(mode, how):
+    """Issue 76: a Function's forward that computes what it saves under no_grad (a flash attention, a perturbed
+    top-k) is a common pattern. A first derivative needs nothing of that tensor's own derivative, so at order 2 it
+    is exact, as at order 1, in every mode (a plain backward raised before); only a second derivative raises
+    (above)."""
+    torch.testing.assert_close(MODES[mode](_sin_computed_without_grad(2, how), X64), torch.cos(X64), rtol=0, atol=0)
+    x = X64.clone().requires_grad_(True)
+    first = torch.autograd.grad(_sin_computed_without_grad(2, how)(x).sum(), x, create_graph=True)[0]
+    torch.testing.assert_close(first, torch.cos(X64), rtol=0, atol=0)  # recorded, the first derivative is exact
 
 
-def test_order_2_with_a_forward_without_grad_mode_raises_under_torch_compile_too():
-    """Ours, from the proof made as Dynamo traces f; torch 2.6's Dynamo refuses f's no_grad under func.hessian
-    before (its own Unsupported), which is as loud."""
-    g = lambda x: torch.exp(_sin_computed_without_grad(2, "no_grad")(x)).sum()  # noqa: E731
+def test_order_2_with_a_forward_without_grad_mode_under_torch_compile_raises_at_a_second_derivative_alone():
+    """Compiled too: the proof made as Dynamo traces f finds the tensor computed with grad mode off and embeds the
+    call at order 1, whose first derivatives are exact, and a compiled torch.func.hessian raises our LookupError
+    (torch 2.6's Dynamo refuses f's no_grad under func.hessian before, with its own Unsupported, as loud)."""
+    sin = _sin_computed_without_grad(2, "no_grad")
+    g = lambda x: torch.exp(sin(x)).sum()  # noqa: E731
     torch._dynamo.reset()
+    x = X64.clone().requires_grad_(True)
+    torch.compile(sin, fullgraph=True)(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.cos(X64), rtol=0, atol=0)
+    tangent = torch.compile(lambda x: torch.func.jvp(sin, (x,), (torch.ones_like(x),))[1], fullgraph=True)(X64)
+    torch.testing.assert_close(tangent, torch.cos(X64), rtol=0, atol=0)
     with pytest.raises(Exception) as raised:
         torch.compile(torch.func.hessian(g), fullgraph=True)(X64)
-    error = ours(raised.value, ValueError)
-    if not isinstance(error, ValueError) and tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 8):
+    error = ours(raised.value, LookupError)
+    if not isinstance(error, LookupError) and tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 8):
         assert isinstance(raised.value, torch._dynamo.exc.Unsupported)
         return
     assert "with grad mode off" in str(error)
+
+
+@pytest.mark.parametrize("way", ["func.hessian", "func.jacrev(func.grad)"])
+def test_order_1_under_torch_compile_raises_at_a_second_derivative_never_zero(way):
+    """Compiled, order 1 holds J constant in the arguments: a compiled second derivative by torch.func gave 0
+    without a word (issue 76's work); it raises the guard's LookupError naming order=2, as eagerly, and order=2
+    gives it exactly."""
+    g = lambda f: lambda x: torch.exp(f(x)).sum()  # noqa: E731
+    second = {"func.hessian": lambda h: torch.func.hessian(h),
+              "func.jacrev(func.grad)": lambda h: torch.func.jacrev(torch.func.grad(h))}[way]
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as raised:
+        torch.compile(second(g(_sin_decorated(1))), fullgraph=True)(X64)
+    assert "order=2" in str(ours(raised.value, LookupError))
+    torch._dynamo.reset()
+    exact = torch.compile(second(g(_sin_decorated(2))), fullgraph=True)(X64)
+    torch.testing.assert_close(exact.diagonal(), _analytic_second(X64))
 
 
 @pytest.mark.parametrize("how", ["no_grad", "grad mode"])

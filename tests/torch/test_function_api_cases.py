@@ -421,3 +421,25 @@ def test_a_fallback_under_a_transform_in_a_compiled_function_raises_where_pytorc
     moving = x.clone().requires_grad_(True)
     (torch.compile(ours.apply, fullgraph=True, backend="aot_eager")(moving) * w).sum().backward()
     assert torch.equal(moving.grad, w.abs())
+
+
+def test_a_fallback_in_forward_mode_in_a_compiled_function_raises_where_pytorch_gives_the_forwards_derivative():
+    """Compiled, PyTorch gives forward mode of a Function without a jvp as its forward's derivative (clone's, 1),
+    where eagerly it raises: the declared rule (|·| of the cotangent) is dropped without a word. A class that falls
+    back raises there, naming the class and why it falls back; eagerly it raises too."""
+    x = torch.tensor([0.5, 0.25, -1.0], dtype=torch.float64)
+    ours = ported(AbsOfGradient)
+    forward_ad = torch.autograd.forward_ad
+
+    def tangent_of(apply):
+        def tangent(x):
+            with forward_ad.dual_level():
+                return forward_ad.unpack_dual(apply(forward_ad.make_dual(x, -torch.ones_like(x)))).tangent
+        return tangent
+
+    assert torch.equal(torch.compile(tangent_of(AbsOfGradient.apply), fullgraph=True, backend="aot_eager")(x),
+                       -torch.ones_like(x))  # PyTorch's drop
+    for run in (tangent_of(ours.apply), torch.compile(tangent_of(ours.apply), fullgraph=True, backend="aot_eager")):
+        with pytest.raises(Exception, match=r"AbsOfGradient.*(abs|linear)") as raised:
+            run(x)
+        assert "forward" in str(raised.value)

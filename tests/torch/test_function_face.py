@@ -595,3 +595,110 @@ def test_an_inference_tensor_among_the_arguments_has_no_version_to_read_and_is_n
     shifted = sgm.custom_gradient(lambda x, c: (x + c, lambda ct: (ct, None)), order=2)
     shifted(x, offset).sum().backward()
     assert x.grad.tolist() == [1.0, 1.0, 1.0]
+
+
+class SoftmaxSavedWithoutGrad(torch.autograd.Function):
+    """A softmax whose forward runs under @torch.no_grad() and saves its output, as memory-efficient attention's
+    FlashAttentionFunction saves its row statistics: its backward is softmax's VJP."""
+
+    @staticmethod
+    @torch.no_grad()
+    def forward(ctx, x):
+        y = torch.softmax(x, dim=-1)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return y * (grad - (grad * y).sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_forward_under_no_grad_gives_every_first_derivative_at_order_2_and_refuses_a_second(compiled):
+    """Issue 76: at the default order=2 such a class raised at every derivative, .backward() and route() included.
+    First derivatives need nothing of the saved tensor's own derivative: they are the mechanism's in reverse mode
+    and softmax's autodiff in forward mode (order 1's), eagerly and compiled; a second derivative, which reverse mode
+    cannot take through the saved tensor (the Function itself gives a part of it silently), raises naming grad mode."""
+    ours = ported(SoftmaxSavedWithoutGrad, order=2)  # (the class's default)
+    apply = torch.compile(ours.apply, fullgraph=True) if compiled else ours.apply
+    torch._dynamo.reset()
+    w = torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.0, 1.0, -1.0, 2.0]], dtype=torch.float64)
+    assert ours.route(X).embedded
+    gradients = []
+    for function in (SoftmaxSavedWithoutGrad.apply, apply):
+        x = X.clone().requires_grad_(True)
+        (function(x) * w).sum().backward()
+        gradients.append(x.grad)
+    truth_x = X.clone().requires_grad_(True)
+    (torch.softmax(truth_x, -1) * w).sum().backward()
+    torch.testing.assert_close(gradients[0], truth_x.grad, rtol=1e-12, atol=1e-14)
+    if compiled:  # (Inductor's kernels round as they fuse)
+        torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-12, atol=1e-14)
+    else:
+        assert torch.equal(gradients[1], gradients[0])
+    jvp = lambda f: torch.func.jvp(f, (X,), (w,))[1]  # noqa: E731
+    tangent = (torch.compile(jvp, fullgraph=True) if compiled else jvp)(ours.apply)
+    torch.testing.assert_close(tangent, jvp(lambda x: torch.softmax(x, -1)), rtol=1e-12, atol=1e-14)
+    hessian = torch.func.hessian(lambda x: (ours.apply(x) * w).sum())
+    with pytest.raises(Exception) as raised:
+        (torch.compile(hessian, fullgraph=True) if compiled else hessian)(X)
+    assert "with grad mode off" in str(_context(raised.value, LookupError))
+
+
+def _context(error, kind):
+    while not isinstance(error, kind) and error.__context__ is not None:
+        error = error.__context__
+    return error
+
+
+class ChannelLayerNorm(torch.autograd.Function):
+    """NAFNet's LayerNormFunction, restated: a LayerNorm over the channels of N×C×H×W whose backward reads its saved
+    tensors by the alias PyTorch still accepts, ``ctx.saved_variables``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        ctx.eps = eps
+        mean = x.mean(1, keepdim=True)
+        variance = (x - mean).pow(2).mean(1, keepdim=True)
+        y = (x - mean) / (variance + eps).sqrt()
+        ctx.save_for_backward(y, variance, weight)
+        return weight.view(1, -1, 1, 1) * y + bias.view(1, -1, 1, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, variance, weight = ctx.saved_variables
+        g = grad * weight.view(1, -1, 1, 1)
+        gx = (g - y * (g * y).mean(1, keepdim=True) - g.mean(1, keepdim=True)) / (variance + ctx.eps).sqrt()
+        return gx, (grad * y).sum((0, 2, 3)), grad.sum((0, 2, 3)), None
+
+
+def _channel_layer_norm(x, weight, bias, eps):
+    mean = x.mean(1, keepdim=True)
+    y = (x - mean) / ((x - mean).pow(2).mean(1, keepdim=True) + eps).sqrt()
+    return weight.view(1, -1, 1, 1) * y + bias.view(1, -1, 1, 1)
+
+
+@pytest.mark.filterwarnings("ignore:'saved_variables' is deprecated")
+def test_saved_variables_is_read_as_saved_tensors_and_the_backward_embedded_in_every_mode():
+    """Issue 76: ``ctx.saved_variables`` sent a linear backward to the fall-back (an AttributeError while proving
+    it), losing forward mode, torch.func and compiled forward mode. It is saved_tensors, with PyTorch's warning:
+    reverse mode is the mechanism's, forward mode autodiff's of the layer norm, eagerly and compiled."""
+    generator = torch.Generator().manual_seed(0)
+    x, tangent = (torch.randn(2, 3, 4, 4, dtype=torch.float64, generator=generator) for _ in range(2))
+    weight, bias = (torch.randn(3, dtype=torch.float64, generator=generator) for _ in range(2))
+    ours = ported(ChannelLayerNorm)
+    assert ours.route(x, weight, bias, 1e-6).embedded
+    with pytest.warns(DeprecationWarning, match="saved_tensors"):
+        ours.apply(x.clone().requires_grad_(True), weight, bias, 1e-6).sum().backward()
+    gradients = []
+    for function in (ChannelLayerNorm.apply, ours.apply):
+        leaf = x.clone().requires_grad_(True)
+        (function(leaf, weight, bias, 1e-6) * tangent).sum().backward()
+        gradients.append(leaf.grad)
+    torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-13, atol=1e-15)
+    truth = torch.func.jvp(lambda x: _channel_layer_norm(x, weight, bias, 1e-6), (x,), (tangent,))[1]
+    jvp = lambda x: torch.func.jvp(lambda x: ours.apply(x, weight, bias, 1e-6), (x,), (tangent,))[1]  # noqa: E731
+    torch.testing.assert_close(jvp(x), truth, rtol=1e-10, atol=1e-12)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(jvp, fullgraph=True)(x), truth, rtol=1e-10, atol=1e-12)
