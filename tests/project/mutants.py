@@ -850,6 +850,23 @@ _ORDER_2_TF = "tests/tensorflow/test_order_2.py::"
 
 _REVERSE_PATH_TF = "tests/tensorflow/test_eager_reverse_path.py::"
 
+def _no_loss_seen(original):
+    """PyTorch's order=2 blind to a tensor f computed with grad mode off: the VJP is differentiated through it,
+    and a second derivative misses its term (torch.func.hessian took half of it)."""
+    return lambda watch, read: False
+
+
+def _compiled_order_1_unguarded(original):
+    """PyTorch's compiled order 1 without its guard: a compiled torch.func.hessian gives 0 without a word."""
+    return lambda refusal, *tensors: tuple(t.view_as(t) for t in tensors)
+
+
+def _no_draw_seen(original):
+    """PyTorch's compiled proof blind to a draw in f (issue 76): its registered graphs hold f's ops and draw again
+    when the derivative runs, so the gradient is another draw's than the value's."""
+    return lambda module: None
+
+
 MUTANTS = {
     "TensorFlow's eager reverse path gives grad_fn's bits, not the definition's": Mutant(
         "stopgrad_math.tensorflow.recorded_term", "grad_fn_recorded", _grad_fn_recorded_as_written,
@@ -895,6 +912,18 @@ MUTANTS = {
         "stopgrad_math.torch.evaluation", "_refuse_a_change_in_place", _change_in_place_let_through,
         (f"{_EXISTING_TORCH}::test_a_forward_changing_its_input_in_place_is_refused_at_order_2_and_the_mechanisms_at_"
          "order_1",)),
+    "PyTorch's order=2 differentiates through what f computed without grad mode": Mutant(
+        "stopgrad_math.torch.unrecorded", "lost_read", _no_loss_seen,
+        ("tests/torch/test_decorator_form.py::test_order_2_with_a_forward_without_grad_mode_raises_at_a_second_"
+         "derivative_never_a_fraction_of_it",)),
+    "PyTorch's compiled order=1 lets a second derivative through": Mutant(
+        "stopgrad_math.torch.compiled_graphs", "guarded_at_order_1", _compiled_order_1_unguarded,
+        ("tests/torch/test_decorator_form.py::test_order_1_under_torch_compile_raises_at_a_second_derivative_never_"
+         "zero",)),
+    "PyTorch's compiled proof draws f's noise again": Mutant(
+        "stopgrad_math.torch.aten_graphs", "drawn_op", _no_draw_seen,
+        ("tests/torch/test_random_draws.py::test_compiled_reverse_mode_is_the_values_draws",
+         "tests/torch/test_random_draws.py::test_compiled_a_function_at_order_2_falls_back_with_the_values_draw")),
     "JAX's order=2 lets the second-order part reach first derivatives": Mutant(
         "stopgrad_math.jax.identity", "mapped_zero", _second_order_part_in_jax_first_derivatives,
         (_ORDER_2_JAX + "test_a_vector_output_keeps_its_first_derivative_where_the_rules_own_derivative_overflows",)),
