@@ -29,9 +29,9 @@ from stopgrad_math.torch import decorator_form, evaluation, identity, refusals, 
 
 DIRTY = ("{name}.forward marks an argument dirty (ctx.mark_dirty): it changes its argument in place, which the "
          "decorator's f, a function of its arguments, may not")
-OWN_RULE = ("{name} defines its own {method}, which stopgrad_math.torch.Function does not take: here the backward "
-            "defines every mode (forward mode, vmap and compile are derived from it), so a rule of its own could "
-            "disagree with it in one mode alone. Delete {method}, or keep {name} a torch.autograd.Function.")
+OWN_RULE = ("{name} defines its own {methods}: its author's rules, which torch.autograd.Function runs, so the class "
+            "runs as one (reverse mode from its backward, forward mode and vmap from its own rules, as PyTorch runs "
+            "them). Delete {methods} to have every mode derived from the backward, and compiled forward mode too.")
 
 
 _Mechanism = type[torch.autograd.Function]
@@ -115,15 +115,15 @@ class Function:
 
     order: ClassVar[int] = 2
     _stopgrad_math_fallbacks: ClassVar[tuple[_Mechanism, _Mechanism]]  # (compiled, eager): ``_fallbacks``
+    _stopgrad_math_own_rules: ClassVar[tuple[str, ...]]  # its own jvp and vmap: it runs as a torch.autograd.Function
     _stopgrad_math_forward: ClassVar[_Forward]
     _stopgrad_math_f: ClassVar[Callable[..., Any]]
     generate_vmap_rule: ClassVar[bool] = False  # accepted: vmap is derived from the backward whatever its value
+    # (a class with its own jvp or vmap runs as a torch.autograd.Function, which reads it as PyTorch does)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for method in ("jvp", "vmap"):
-            if method in vars(cls):
-                raise TypeError(OWN_RULE.format(name=cls.__name__, method=method))
+        cls._stopgrad_math_own_rules = tuple(method for method in ("jvp", "vmap") if hasattr(cls, method))
         cls._stopgrad_math_fallbacks = _fallbacks(cls)
         cls._stopgrad_math_forward = _Forward.of(cls)
         cls._stopgrad_math_f = _forward_and_backward(cls)
@@ -264,6 +264,9 @@ def _route(cls: type[Function], args: tuple[Any, ...]) -> Route:
     signature fell back before; else embedded, which the call itself may still find it cannot be."""
     if cls._stopgrad_math_forward.marks_dirty:
         return Route(embedded=False, reason=DIRTY.format(name=cls.__name__))
+    if cls._stopgrad_math_own_rules:
+        return Route(embedded=False, reason=OWN_RULE.format(name=cls.__name__,
+                                                            methods=" and ".join(cls._stopgrad_math_own_rules)))
     if identity.compiling() or cls not in _FELL_BACK:  # (a class that never fell back: no key to make)
         return _EMBEDDED
     key = _signature(cls, args)
@@ -313,7 +316,8 @@ def _fallen_back(cls: type[Function], args: tuple[Any, ...], route: Route) -> An
                             "its backward without a word, where eagerly it raises: take forward mode outside the "
                             "compiled function, or make the backward embeddable.")
         return compiled.apply(*args)  # type: ignore[no-untyped-call]
-    if second_derivative_guard.in_transform() and not _has_setup_context(cls):
+    # (a class with rules of its own runs as PyTorch runs it, and meets PyTorch's own error there)
+    if second_derivative_guard.in_transform() and not _has_setup_context(cls) and not cls._stopgrad_math_own_rules:
         raise RuntimeError(f"{cls.__name__} runs as a torch.autograd.Function here, since stopgrad_math cannot embed "
                            f"its backward ({route.reason}), and under torch.func transforms PyTorch takes a Function "
                            "whose forward has no ctx and which defines setup_context.")
@@ -329,9 +333,10 @@ _REASONS = _Reasons()
 
 
 def _fallbacks(cls: type[Function]) -> tuple[_Mechanism, _Mechanism]:
-    """Two ``torch.autograd.Function`` classes of cls's methods: one for torch.compile, as cls would be; one for
-    eager calls, whose ``jvp`` raises, naming why the backward was not embedded (Dynamo refuses a Function that
-    defines one)."""
+    """Two ``torch.autograd.Function`` classes of cls's methods: one for torch.compile, as cls would be, without a
+    jvp or vmap rule (Dynamo refuses a Function with a jvp; compiled forward mode and transforms are refused
+    before it runs: ``_fallen_back``); one for eager calls, with the class's own jvp and vmap where it has them,
+    else a ``jvp`` that raises, naming why the backward was not embedded."""
     methods: dict[str, Any] = {"forward": staticmethod(cls.forward), "backward": staticmethod(cls.backward)}
     if _has_setup_context(cls):
         methods["setup_context"] = staticmethod(cls.setup_context)
@@ -342,9 +347,12 @@ def _fallbacks(cls: type[Function]) -> tuple[_Mechanism, _Mechanism]:
                            f"embed it, and here it cannot ({_REASONS.value}). This call runs as a "
                            "torch.autograd.Function: reverse mode is PyTorch's, and forward mode would need a jvp.")
 
+    own: dict[str, Any] = {"jvp": staticmethod(jvp)}
+    if cls._stopgrad_math_own_rules:  # the author's rules, as PyTorch reads them
+        own = {method: staticmethod(getattr(cls, method)) for method in cls._stopgrad_math_own_rules}
+        own["generate_vmap_rule"] = cls.generate_vmap_rule
     compiled = type(cls.__name__, (torch.autograd.Function,), {**methods, "__module__": cls.__module__})
-    eager = type(cls.__name__, (torch.autograd.Function,), {**methods, "jvp": staticmethod(jvp),
-                                                            "__module__": cls.__module__})
+    eager = type(cls.__name__, (torch.autograd.Function,), {**methods, **own, "__module__": cls.__module__})
     return compiled, eager
 
 

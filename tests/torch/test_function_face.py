@@ -218,13 +218,103 @@ def test_order_2_gives_the_functions_double_backward_where_its_backward_is_diffe
         torch.testing.assert_close(second, x.detach().exp(), rtol=1e-15, atol=0)
 
 
-def test_a_class_defining_its_own_jvp_or_vmap_is_refused_at_definition_naming_it():
-    """The backward defines every mode here: a jvp of its own could disagree with it in forward mode alone."""
-    for method in ("jvp", "vmap"):
-        with pytest.raises(TypeError, match=f"defines its own {method}"):
-            type("WithRule", (sgm.Function,), {"forward": staticmethod(lambda ctx, x: x),
-                                               "backward": staticmethod(lambda ctx, g: g),
-                                               method: staticmethod(lambda *a: a)})
+class SquareWithOwnRules(torch.autograd.Function):
+    """x² whose rules deliberately disagree, so that a test sees which ran: its backward gives 5x·g, its jvp 3x·t,
+    its vmap rule adds 1 to the value."""
+
+    @staticmethod
+    def forward(x):
+        return x * x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 5 * x * grad
+
+    @staticmethod
+    def jvp(ctx, tangent):
+        (x,) = ctx.saved_tensors
+        return 3 * x * tangent
+
+    @staticmethod
+    def vmap(info, in_dims, x):
+        return x * x + 1, in_dims[0]
+
+
+class CubeWithJvp(torch.autograd.Function):
+    """x³ with a ctx forward and its own jvp, which reads what the forward saved for it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+        return x**3
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x**2 * grad
+
+    @staticmethod
+    def jvp(ctx, tangent):
+        (x,) = ctx.saved_tensors
+        return 3 * x**2 * tangent
+
+
+def _modes_of(apply, x):
+    """What each way gives: the value, backward's gradient, forward_ad's tangent, torch.func's grad, jvp and vmap
+    (the last three where the class runs under torch.func)."""
+    leaf = x.clone().requires_grad_(True)
+    value = apply(leaf)
+    value.sum().backward()
+    with forward_ad.dual_level():
+        tangent = forward_ad.unpack_dual(apply(forward_ad.make_dual(x, torch.ones_like(x)))).tangent
+    found = {"value": value.detach(), "backward": leaf.grad, "forward_ad": tangent}
+    try:
+        found["func.grad"] = torch.func.grad(lambda x: apply(x).sum())(x)
+        found["func.jvp"] = torch.func.jvp(apply, (x,), (torch.ones_like(x),))[1]
+        found["func.vmap"] = torch.func.vmap(apply)(x)
+    except RuntimeError as error:  # a forward with ctx: torch.func wants setup_context, of both
+        found["func"] = str(error).split("\n")[0]
+    return found
+
+
+@pytest.mark.parametrize("function", [SquareWithOwnRules, CubeWithJvp], ids=lambda f: f.__name__)
+def test_a_class_with_its_own_jvp_or_vmap_runs_them_as_pytorch_does(function):
+    """Issue 76: such a class raised TypeError when defined, where torch.autograd.Function takes it. Its own rules
+    are its author's: it runs as a torch.autograd.Function with them, every mode giving what PyTorch gives (the
+    jvp's 3x where the backward says 5x, the vmap rule's +1), and route() says why."""
+    ours = ported(function)
+    x = torch.tensor([1.0, 2.0, -0.5], dtype=torch.float64)
+    theirs, mine = _modes_of(function.apply, x), _modes_of(ours.apply, x)
+    assert theirs.keys() == mine.keys()
+    for way in theirs:
+        assert (theirs[way] == mine[way]) if isinstance(theirs[way], str) else torch.equal(theirs[way], mine[way]), way
+    assert not ours.route(x).embedded and "its own jvp" in ours.route(x).reason
+
+
+def test_compiled_a_class_with_its_own_jvp_gives_reverse_mode_and_refuses_forward_mode_naming_it():
+    """Compiled with fullgraph, PyTorch refuses such a class in reverse mode ("Unsupported custom jvp"), and in a
+    compiled torch.func transform it differentiates the forward, dropping the jvp and the backward without a word
+    (3x and 5x become 2x). Ours gives the backward's reverse mode compiled, and refuses the transform naming the
+    class."""
+    ours = ported(SquareWithOwnRules)
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    torch._dynamo.reset()
+    compiled_jvp = torch.compile(lambda x: torch.func.jvp(SquareWithOwnRules.apply, (x,), (torch.ones_like(x),))[1],
+                                 fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled_jvp(x), 2 * x)  # PyTorch's drop
+    leaf = x.clone().requires_grad_(True)
+    torch.compile(ours.apply, fullgraph=True, backend="aot_eager")(leaf).sum().backward()
+    assert torch.equal(leaf.grad, 5 * x)
+    with pytest.raises(Exception, match=r"SquareWithOwnRules.*its own jvp"):
+        torch.compile(lambda x: torch.func.jvp(ours.apply, (x,), (torch.ones_like(x),))[1], fullgraph=True,
+                      backend="aot_eager")(x)
 
 
 def test_generate_vmap_rule_is_accepted_and_vmap_is_the_backwards():
