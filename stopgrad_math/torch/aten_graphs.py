@@ -63,7 +63,56 @@ def make_fx(function: Callable[..., Any], **options: Any) -> Callable[..., fx.Gr
 
     options.setdefault("decomposition_table", _decompositions())
     trace = make_fx_of_torch(on_this_thread, **options)
-    return lambda *args: contextvars.copy_context().run(trace, *args)
+
+    def traced_here(*args: Any) -> fx.GraphModule:
+        before, _TRACE.thread = _TRACE.thread, threading.get_ident()
+        try:
+            return contextvars.copy_context().run(trace, *args)
+        finally:
+            _TRACE.thread = before
+
+    return traced_here
+
+
+class _Trace:
+    thread: int | None = None  # the thread running the library's make_fx now (one at a time: ``exclusive``)
+
+
+_TRACE = _Trace()
+
+
+def _thread_aware(reads_the_flag: Callable[[], bool]) -> Callable[[], bool]:
+    """One of FX's questions "is a symbolic trace running" (``is_fx_tracing``, ``is_fx_symbolic_tracing``), which
+    Dynamo asks at each compiled call, answered for this thread: no, where the flag is the library's trace's, on
+    another thread. Before torch 2.14 make_fx sets the flag for the process before the function it traces runs
+    (``_TracingOnThisThread`` then takes over), and a compiled call in another thread raised in that window (48% of
+    a compiled function's calls beside a thread making new proofs). (An FX trace of the user's on another thread,
+    at the same moment as the library's, is not seen either.)"""
+    def answered_here() -> bool:
+        thread = _TRACE.thread
+        return bool(reads_the_flag()) and (thread is None or thread == threading.get_ident())
+
+    answered_here.__wrapped__ = reads_the_flag  # type: ignore[attr-defined]
+    return answered_here
+
+
+def _answer_fx_questions_per_thread() -> None:
+    """Dynamo reads ``is_fx_symbolic_tracing`` (or ``is_fx_tracing``) when ``torch.compile`` wraps a function (torch
+    2.13), or at each call, from FX's module or as its own name: a function compiled once the library is imported is
+    answered per thread. From torch 2.14 the flag is per thread, and nothing is changed."""
+    from torch._dynamo import eval_frame
+    from torch.fx import _symbolic_trace
+
+    if not hasattr(_symbolic_trace, "_is_fx_tracing_flag"):
+        return
+    for module in (_symbolic_trace, eval_frame):
+        for question in ("is_fx_tracing", "is_fx_symbolic_tracing"):
+            asked = getattr(module, question, None)
+            if callable(asked) and not hasattr(asked, "__wrapped__"):
+                setattr(module, question, _thread_aware(asked))
+
+
+_answer_fx_questions_per_thread()
 
 
 @functools.cache

@@ -363,9 +363,13 @@ def _embedded(cls: type[Function], args: tuple[Any, ...], fallback: Callable[[st
     """One decorated call of the class's ``_forward_and_backward``, its last argument ``needs_input_grad``;
     ``fallback(reason)`` where the backward cannot be embedded. The outputs the forward marked non-differentiable
     come back detached."""
-    result = decorator_form.call_or_fall_back(cls._stopgrad_math_f, (*args, _needs_input_grad(args)), cls.order,
-                                              fallback)
-    marked = _MARKED.indices
+    marked: list[int] = []  # this call's, filled by its forward (a call in its backward has its own)
+    _MARKED.frames.append(marked)
+    try:
+        result = decorator_form.call_or_fall_back(cls._stopgrad_math_f, (*args, _needs_input_grad(args)), cls.order,
+                                                  fallback)
+    finally:  # left empty between calls: compiled code that reads it is guarded on it as it was when compiled
+        _MARKED.frames.pop()
     if len(marked) == 0:
         return result
     if not isinstance(result, tuple):
@@ -374,11 +378,13 @@ def _embedded(cls: type[Function], args: tuple[Any, ...], fallback: Callable[[st
 
 
 class _Marked(threading.local):
-    """The outputs (by index) the last forward run in this thread marked non-differentiable (a list on a
-    threading.local, which Dynamo traces changing, as ``shared.nesting``'s)."""
+    """For each call running in this thread, innermost last, the outputs (by index) its forward marked
+    non-differentiable: a stack on a threading.local, which Dynamo traces changing (as ``shared.nesting``'s), and
+    empty between calls, so that compiled code, which Dynamo guards on what it read there, meets it as it was
+    compiled (a list left filled by a call recompiled every compiled function that reads it, alternately)."""
 
     def __init__(self) -> None:
-        self.indices: list[int] = []
+        self.frames: list[list[int]] = []
 
 
 _MARKED = _Marked()
@@ -411,8 +417,8 @@ def _forward_and_backward(cls: type[Function]) -> Callable[..., Any]:
         ctx, output = _forward(cls, tuple(inputs), needs)
         several = isinstance(output, tuple)
         outputs = output if several else (output,)
-        _MARKED.indices.clear()
-        _MARKED.indices.extend(k for k, o in enumerate(outputs) if any(o is m for m in ctx.non_differentiable))
+        if _MARKED.frames:  # (f runs inside a call's frame; again where order 2 runs it twice)
+            _MARKED.frames[-1][:] = [k for k, o in enumerate(outputs) if any(o is m for m in ctx.non_differentiable)]
         return output, _backward(cls, ctx, several, len(inputs))
 
     forward_and_backward.__name__ = forward_and_backward.__qualname__ = cls.__name__

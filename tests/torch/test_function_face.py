@@ -792,3 +792,54 @@ def test_saved_variables_is_read_as_saved_tensors_and_the_backward_embedded_in_e
     torch.testing.assert_close(jvp(x), truth, rtol=1e-10, atol=1e-12)
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(jvp, fullgraph=True)(x), truth, rtol=1e-10, atol=1e-12)
+
+
+class SortMarked(sgm.Function):
+    """A sort whose indices are marked non-differentiable."""
+
+    @staticmethod
+    def forward(ctx, x):
+        values, indices = x.sort()
+        ctx.mark_non_differentiable(indices)
+        ctx.save_for_backward(indices)
+        return values, indices
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        (indices,) = ctx.saved_tensors
+        return torch.zeros_like(grad).scatter(-1, indices, grad)
+
+
+class ExpSaved(sgm.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y
+
+
+def test_a_call_that_marks_outputs_leaves_nothing_that_recompiles_compiled_code_beside_it():
+    """Issue 76: Dynamo guards compiled code on what it reads of the library's record of marked outputs, which a
+    call using mark_non_differentiable left filled: alternating such a call with a compiled one recompiled every
+    time, and with fullgraph=True 12 of 20 calls raised FailOnRecompileLimitHit. The record is empty between calls:
+    one compilation serves every call, and the marked output is still detached, eagerly and compiled."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(lambda x: ExpSaved.apply(x) * 2, fullgraph=True, backend=counter)
+    x = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    for _ in range(12):
+        values, indices = SortMarked.apply(x)
+        assert values.requires_grad and not indices.requires_grad
+        compiled(x)
+    assert counter.frame_count == 1
+    values, indices = torch.compile(SortMarked.apply, fullgraph=True, backend="aot_eager")(x)
+    assert values.requires_grad and not indices.requires_grad
+    (values * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([2.0, 1.0, 3.0]))

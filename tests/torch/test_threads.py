@@ -146,3 +146,57 @@ def test_threads_of_eager_transformed_and_compiled_calls_beside_a_compiling_thre
     calls()  # proofs and compilations made before the threads start
     errors, count = _beside_compilations(lambda: calls(DYNAMO_MARKS_ITS_COMPILATIONS))
     assert errors == [] and count > 4  # (the threads ran beside the compilations)
+
+
+class _ExpSaved(sgm.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y
+
+
+def test_compiled_calls_in_one_thread_run_while_another_makes_new_proofs():
+    """Issue 76: make_fx sets FX's flag of a running trace for the process before the function it traces runs (torch
+    before 2.14), and a compiled call in another thread raised in that window: 48% of a plain compiled function's
+    calls, and of a compiled class call's, while a thread made a new proof at every call. Dynamo's question is
+    answered per thread (``aten_graphs._thread_aware``): every compiled call runs and is exact."""
+    plain = torch.compile(lambda x: (torch.sin(x) * 2.0).sum(), fullgraph=True)
+    class_call = torch.compile(lambda x: _ExpSaved.apply(x).sum(), fullgraph=True)
+    leaf = X.clone().requires_grad_(True)
+    plain(X)
+    class_call(leaf).backward()
+    proofs, errors, done = [0], [], threading.Event()
+
+    def new_proofs():
+        while not done.is_set() and proofs[0] < 400:
+            scale = proofs[0] + 2  # (an int the VJP closes over is in its key by value: a new proof at each call)
+
+            @sgm.custom_gradient
+            def scaled(x, scale=scale):
+                return x * scale, lambda ct: ct * scale
+
+            _gradient(scaled, torch.ones(proofs[0] % 7 + 1, dtype=torch.float64))
+            proofs[0] += 1
+
+    prover = threading.Thread(target=new_proofs)
+    prover.start()
+    calls = 0
+    while prover.is_alive() and calls < 20000:
+        calls += 1
+        try:
+            assert plain(X) == (torch.sin(X) * 2.0).sum()
+            leaf.grad = None
+            class_call(leaf).backward()
+            assert torch.equal(leaf.grad, X.exp())
+        except RuntimeError as error:  # reported below
+            errors.append(str(error).splitlines()[0])
+    done.set()
+    prover.join()
+    assert proofs[0] >= 50 and calls >= 50
+    assert errors == [], f"{len(errors)} of {calls} calls raised, first: {errors[0]}"
