@@ -145,7 +145,35 @@ class custom_vjp:
             reasons.append(reason)
             return self.mechanism(*args)
 
-        return decorator_form.call_or_fall_back(f, tuple(args[k] for k in positions), self.order, fallback)
+        result = decorator_form.call_or_fall_back(f, tuple(args[k] for k in positions), self.order, fallback)
+        return result if reasons else _valued_as_jax_values_it(self.fun, args, result)
+
+
+def _valued_as_jax_values_it(fun: Callable[..., Any], args: tuple[Any, ...], embedded: Any) -> Any:
+    """The embedded call's result with ``jax.custom_vjp``'s value: ``fun``'s where nothing differentiates the call
+    (under ``jit`` or ``vmap`` alone, where the decorator cannot know that nothing will), and the embedding's where
+    something does (``fwd``'s output, with the derivative the ``bwd`` gives), as JAX chooses between them: a
+    ``jax.custom_jvp`` of the arrays among the arguments and the result, whose primal is ``fun`` and whose rule
+    passes the result and its tangent through. Under ``jit`` the embedding a plain call does not read is dead code."""
+    leaves, structure = jax.tree.flatten(args)
+    arrays = [k for k, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+
+    @jax.custom_jvp
+    def valued(given: list[Any], result: Any) -> Any:
+        return fun(*jax.tree.unflatten(structure, _replaced(leaves, arrays, given)))
+
+    @valued.defjvp
+    def passed_through(primals: tuple[Any, Any], tangents: tuple[Any, Any]) -> tuple[Any, Any]:
+        return primals[1], tangents[1]
+
+    return valued([leaves[k] for k in arrays], embedded)
+
+
+def _replaced(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
+    replaced = list(values)
+    for k, value in zip(indices, new, strict=True):
+        replaced[k] = value
+    return replaced
 
 
 class _InFwd(threading.local):

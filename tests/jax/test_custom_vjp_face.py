@@ -150,3 +150,67 @@ def test_the_docs_example_runs_and_gives_the_bwds_derivative():
     f = namespace["log1pexp"]
     np.testing.assert_allclose(jax.jvp(f, (3.0,), (1.0,))[1], jax.nn.sigmoid(3.0), rtol=1e-6)
     np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(f)))(XS), jax.nn.sigmoid(XS), rtol=1e-6)
+
+
+def _cross_entropy_of(make):
+    """A cross-entropy with a z-loss as t5x writes it: ``fun`` through logsumexp, ``fwd`` through the shifted
+    exponentials it saves for the ``bwd``, so that the two round differently, and differ at a +inf logit."""
+    def fun(logits, targets, z_loss):
+        log_z = jax.nn.logsumexp(logits, axis=-1)
+        return -jnp.sum(targets * (logits - log_z[..., None]), axis=-1) + z_loss * log_z**2
+
+    def fwd(logits, targets, z_loss):
+        top = logits.max(axis=-1, keepdims=True)
+        exponentials = jnp.exp(logits - top)
+        total = exponentials.sum(axis=-1, keepdims=True)
+        log_softmax = logits - top - jnp.log(total)
+        log_z = (jnp.log(total) + top)[..., 0]
+        loss = -jnp.sum(targets * log_softmax, axis=-1) + z_loss * log_z**2
+        return loss, (targets, z_loss, exponentials / total, log_softmax, log_z)
+
+    def bwd(residuals, g):
+        targets, z_loss, softmax, log_softmax, log_z = residuals
+        g = g[..., None]
+        return (g * ((1.0 + 2.0 * z_loss * log_z[..., None]) * softmax - targets), -g * log_softmax,
+                jnp.zeros_like(z_loss))
+
+    loss = make(fun)
+    loss.defvjp(fwd, bwd)
+    return loss
+
+
+LOGITS = {"finite": jnp.array([[2.0, -1.0, 0.5, 3.25], [0.1, 0.2, -7.0, 1e-3]]),
+          "huge": jnp.array([[80.0, -1.0, 0.5, 88.5], [-90.0, 0.2, -7.0, 1e-3]]),
+          "+inf": jnp.array([[jnp.inf, -1.0, 0.5, 3.25], [0.1, 0.2, -7.0, 1e-3]])}
+TARGETS = jnp.array([[0.0, 0.0, 0.0, 1.0], [0.25, 0.25, 0.25, 0.25]])
+
+
+@pytest.mark.parametrize("logits", LOGITS)
+def test_the_value_is_funs_where_nothing_differentiates_and_fwds_where_something_does(logits):
+    """Issue 76: jax.custom_vjp runs fun for a call nothing differentiates, under jit and vmap too, and fwd's primal
+    output where something does. Ours gave fwd's output under jit (the last bit of t5x's cross-entropy, and NaN where
+    JAX gives fun's inf at a +inf logit): now each, bit for bit, side by side, and the derivative is the bwd's."""
+    ours, theirs = _cross_entropy_of(sgm.custom_vjp), _cross_entropy_of(jax.custom_vjp)
+    x = LOGITS[logits]
+    plain = {
+        "jit": lambda f: jax.jit(f)(x, TARGETS, 1e-4),
+        "vmap": lambda f: jax.vmap(f, in_axes=(0, 0, None))(x, TARGETS, 1e-4),
+        "jit(vmap)": lambda f: jax.jit(jax.vmap(f, in_axes=(0, 0, None)))(x, TARGETS, 1e-4),
+    }
+    for way, run in plain.items():
+        np.testing.assert_array_equal(run(ours), run(theirs), err_msg=way)
+    differentiated = {  # (value, gradient): the value bit for bit; the gradient the bwd's, as the transpose rounds
+        "value_and_grad": lambda f: jax.value_and_grad(lambda x: f(x, TARGETS, 1e-4).sum())(x),
+        "jit(value_and_grad)": lambda f: jax.jit(jax.value_and_grad(lambda x: f(x, TARGETS, 1e-4).sum()))(x),
+        "vjp": lambda f: (lambda y, pull: (y, pull(jnp.ones_like(y))[0]))(*jax.vjp(lambda x: f(x, TARGETS, 1e-4),
+                                                                                   x)),
+    }
+    for way, run in differentiated.items():
+        (mine, my_gradient), (jaxs, jax_gradient) = run(ours), run(theirs)
+        np.testing.assert_array_equal(mine, jaxs, err_msg=way)
+        np.testing.assert_allclose(my_gradient, jax_gradient, rtol=1e-6, atol=1e-7, err_msg=way)
+    y, tangent = jax.jvp(lambda x: ours(x, TARGETS, 1e-4), (x,), (jnp.ones_like(x),))  # (no jvp of theirs)
+    np.testing.assert_array_equal(y, differentiated["vjp"](theirs)[0])
+    if logits == "finite":
+        np.testing.assert_allclose(tangent, jax.jacrev(lambda x: theirs(x, TARGETS, 1e-4))(x).sum((1, 2)),
+                                   rtol=1e-5, atol=1e-7)  # (a sum of terms that cancel to 2e-4)

@@ -856,6 +856,12 @@ def _compiled_order_1_unguarded(original):
     return lambda refusal, *tensors: tuple(t.view_as(t) for t in tensors)
 
 
+def _fwds_value_everywhere(original):
+    """JAX's custom_vjp face giving fwd's output for a call nothing differentiates, under jit or vmap, where
+    jax.custom_vjp gives fun's (t5x's cross-entropy at a +inf logit: NaN for inf)."""
+    return lambda fun, args, embedded: embedded
+
+
 def _no_draw_seen(original):
     """PyTorch's compiled proof blind to a draw in f (issue 76): its registered graphs hold f's ops and draw again
     when the derivative runs, so the gradient is another draw's than the value's."""
@@ -911,6 +917,10 @@ MUTANTS = {
         "stopgrad_math.torch.compiled_graphs", "guarded_at_order_1", _compiled_order_1_unguarded,
         ("tests/torch/test_decorator_form.py::test_order_1_under_torch_compile_raises_at_a_second_derivative_never_"
          "zero",)),
+    "JAX's custom_vjp gives fwd's value where nothing differentiates the call": Mutant(
+        "stopgrad_math.jax.custom_vjp_face", "_valued_as_jax_values_it", _fwds_value_everywhere,
+        ("tests/jax/test_custom_vjp_face.py::test_the_value_is_funs_where_nothing_differentiates_and_fwds_where_"
+         "something_does",)),
     "PyTorch's compiled proof draws f's noise again": Mutant(
         "stopgrad_math.torch.aten_graphs", "drawn_op", _no_draw_seen,
         ("tests/torch/test_random_draws.py::test_compiled_reverse_mode_is_the_values_draws",
