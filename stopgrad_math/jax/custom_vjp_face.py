@@ -96,7 +96,14 @@ class custom_vjp:
         (its reason); found by tracing the call for shapes, without running it."""
         args = self._resolved(args, kwargs)
         reasons: list[str] = []
-        jax.eval_shape(lambda *values: self._decorated(values, reasons), *args)
+        # (traced by shapes: the arrays of the differentiable arguments; the others as given, as bwd gets them, be
+        # they a dtype, a function, or an int read in Python)
+        differentiable = [k for k in range(len(args)) if k not in self.nondiff_argnums]
+
+        def called(*values: Any) -> Any:
+            return self._decorated(tuple(_replaced(list(args), differentiable, list(values))), reasons)
+
+        jax.eval_shape(called, *(args[k] for k in differentiable))
         return Route(embedded=False, reason=reasons[0]) if reasons else Route(embedded=True)
 
     def _resolved(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:

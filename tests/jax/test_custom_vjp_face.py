@@ -214,3 +214,30 @@ def test_the_value_is_funs_where_nothing_differentiates_and_fwds_where_something
     if logits == "finite":
         np.testing.assert_allclose(tangent, jax.jacrev(lambda x: theirs(x, TARGETS, 1e-4))(x).sum((1, 2)),
                                    rtol=1e-5, atol=1e-7)  # (a sum of terms that cancel to 2e-4)
+
+
+def _cast_scaled(clipped):
+    """A function of a dtype, a function and a Python int read in Python (a count, as odeint's or a chunked loss's),
+    all among nondiff_argnums, and x; its bwd scales the cotangent, or clips it."""
+    scaled = sgm.custom_vjp(lambda dtype, fn, n, x: fn(x).astype(dtype) * n, nondiff_argnums=(0, 1, 2))
+
+    def fwd(dtype, fn, n, x):
+        return fn(x).astype(dtype) * (n if n > 1 else 1), jnp.cos(x)
+
+    def bwd(dtype, fn, n, cos, g):
+        return (jnp.clip(g, -1.0, 1.0) * cos * n if clipped else g * cos * n,)
+
+    scaled.defvjp(fwd, bwd)
+    return scaled
+
+
+@pytest.mark.parametrize("clipped", [False, True])
+def test_route_takes_a_dtype_a_function_and_an_int_among_nondiff_argnums_as_the_call_does(clipped):
+    """Issue 76: route() traced every argument by shape, and raised JAX's TypeError for a dtype or a function among
+    nondiff_argnums, and TracerBoolConversionError for an int read in Python, where the call itself works. It
+    takes them as the call does, and says what the call does (the gradient tells: 3·cos x, or JAX's own)."""
+    scaled = _cast_scaled(clipped)
+    route = scaled.route(jnp.float32, jnp.sin, 3, XS)
+    assert route.embedded is not clipped and ("clip" in route.reason) is clipped
+    gradient = jax.grad(lambda x: scaled(jnp.float32, jnp.sin, 3, x).sum())(XS)
+    np.testing.assert_allclose(gradient, 3.0 * jnp.cos(XS), rtol=1e-6)
