@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import custom_derivatives
 
 from stopgrad_math.jax import decorator_form
@@ -137,11 +138,11 @@ class custom_vjp:
             finally:
                 self._in_fwd.depth -= 1
 
+            expected = _expected(differentiable)  # (strings and shapes alone: the VJP is keyed by its closure)
+
             def vjp(cotangent: Any) -> Any:
                 cotangents = bwd(*(args[k] for k in nondiff), residuals, cotangent)
-                if not isinstance(cotangents, (tuple, list)) or len(cotangents) != len(positions):
-                    raise TypeError(f"Custom VJP bwd rule {getattr(bwd, '__name__', bwd)} must produce a tuple of "
-                                    f"length equal to the number of differentiable arguments ({len(positions)}).")
+                _check_as_jax_checks(cotangents, *expected)
                 return tuple(cotangents)
 
             return output, vjp
@@ -174,6 +175,40 @@ def _valued_as_jax_values_it(fun: Callable[..., Any], args: tuple[Any, ...], emb
         return primals[1], tangents[1]
 
     return valued([leaves[k] for k in arrays], embedded)
+
+
+_Leaves = tuple[tuple[tuple[tuple[int, ...], str], ...], ...]
+
+
+def _expected(arguments: tuple[Any, ...]) -> tuple[str, _Leaves]:
+    """What ``jax.custom_vjp`` checks a bwd's output against: the structure of the differentiable arguments, and each
+    leaf's shape and type (``float32[3]``), by argument."""
+    return (str(jax.tree.structure(arguments)),
+            tuple(tuple((jnp.shape(x), _type_of(x)) for x in jax.tree.leaves(a)) for a in arguments))
+
+
+def _check_as_jax_checks(cotangents: Any, structure: str, leaves: _Leaves) -> None:
+    """The bwd's output checked as ``jax.custom_vjp`` checks it, in its words, so that a search for the error finds
+    JAX's answer: one cotangent (or None) per differentiable argument (TypeError), each of its argument's shape
+    (ValueError)."""
+    if not isinstance(cotangents, tuple) or len(cotangents) != len(leaves):
+        raise TypeError("Custom VJP bwd rule must produce an output with the same container (pytree) structure as "
+                        "the args tuple of the primal function, and in particular must produce a tuple of length "
+                        "equal to the number of arguments to the primal function, but got bwd output structure "
+                        f"{jax.tree.structure(cotangents)} for primal input structure {structure}.")
+    for k, (cotangent, expected) in enumerate(zip(cotangents, leaves, strict=True)):
+        found = [] if cotangent is None else jax.tree_util.tree_flatten_with_path(cotangent)[0]
+        for (path, ct), (shape, kind) in zip(found, expected, strict=False):
+            if ct is not None and jnp.shape(ct) != shape:
+                raise ValueError(
+                    "Custom VJP bwd rule must produce an output with the same type as the args tuple of the primal "
+                    f"function, but at output{jax.tree_util.keystr((jax.tree_util.SequenceKey(k), *path))} the bwd "
+                    f"rule produced an output of type {_type_of(ct)} corresponding to an input of type {kind}, so "
+                    "the shapes do not match")
+
+
+def _type_of(value: Any) -> str:
+    return str(jax.core.ShapedArray(jnp.shape(value), jnp.result_type(value)).str_short())  # type: ignore[no-untyped-call]
 
 
 def _replaced(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:

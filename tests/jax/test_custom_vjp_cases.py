@@ -341,16 +341,20 @@ def test_a_closure_converted_function_and_its_constants(make):  # test_closure_c
 def test_a_bwd_giving_two_cotangents_or_a_bare_one_for_one_argument(make, bwd):  # test_vjp_rule_inconsistent_
     f = make()(lambda x: x)                                                   # pytree_structures_error, _non_tuple
     f.defvjp(lambda x: (x, None), bwd)
-    with pytest.raises(TypeError, match=r"Custom VJP bwd rule .*must produce a tuple"):
+    with pytest.raises(TypeError, match=re.escape("Custom VJP bwd rule must produce an output with the same "
+                                                  "container (pytree) structure as the args tuple of the primal "
+                                                  "function, and in particular must produce a tuple")):
         jax.grad(f)(2.0)
 
 
-@pytest.mark.parametrize(("make", "error"), [(_theirs, r"output\[1\] the bwd rule produced an output of"),
-                                             (_ours, re.escape("shape (3,) for args[1] of shape (4,)"))])
-def test_a_cotangent_of_another_shape(make, error):  # test_bwd_rule_shape_mismatch
+@both
+def test_a_cotangent_of_another_shape(make):  # test_bwd_rule_shape_mismatch
+    """JAX's words, so that a search for the error finds JAX's answer (issue 76: ours named args[1] its own way)."""
     f = make()(lambda x, y: x)
     f.defvjp(lambda x, y: (x, None), lambda _, ct: (jnp.zeros(3), jnp.zeros(3)))
-    with pytest.raises(ValueError, match=error):
+    with pytest.raises(ValueError, match=re.escape("at output[1] the bwd rule produced an output of type float32[3] "
+                                                   "corresponding to an input of type float32[4], so the shapes do "
+                                                   "not match")):
         jax.grad(lambda x, y: f(x, y * y).sum(), 1)(jnp.ones(3), jnp.ones(4))
 
 
