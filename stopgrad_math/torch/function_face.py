@@ -419,14 +419,17 @@ def _forward_and_backward(cls: type[Function]) -> Callable[..., Any]:
         outputs = output if several else (output,)
         if _MARKED.frames:  # (f runs inside a call's frame; again where order 2 runs it twice)
             _MARKED.frames[-1][:] = [k for k, o in enumerate(outputs) if any(o is m for m in ctx.non_differentiable)]
-        return output, _backward(cls, ctx, several, len(inputs))
+        shapes = tuple(tuple(i.shape) if isinstance(i, torch.Tensor) else None for i in inputs)
+        return output, _backward(cls, ctx, several, shapes)
 
     forward_and_backward.__name__ = forward_and_backward.__qualname__ = cls.__name__
     return forward_and_backward
 
 
-def _backward(cls: type[Function], ctx: FunctionContext, several: bool, count: int) -> Callable[[Any], Any]:
-    """The VJP: the backward with the forward's ctx. Eagerly it closes over the backward itself, the class's name
+def _backward(cls: type[Function], ctx: FunctionContext, several: bool,
+              shapes: tuple[tuple[int, ...] | None, ...]) -> Callable[[Any], Any]:
+    """The VJP: the backward with the forward's ctx, its gradients taken as PyTorch takes them for inputs of
+    ``shapes`` (``_input_grads``). Eagerly it closes over the backward itself, the class's name
     and the ctx's parts, rebuilt at each call (``_context_of``), so that the decorator keeps its proof by signature
     and opens the backward for its key, with the globals it reads (a class's attributes are keyed by identity
     alone); under torch.compile, which proves f anew as it traces, over the ctx itself (Dynamo before torch 2.8
@@ -435,23 +438,36 @@ def _backward(cls: type[Function], ctx: FunctionContext, several: bool, count: i
     if identity.compiling():
         def vjp_of_ctx(cotangents: Any) -> tuple[Any, ...]:
             grads = backward(ctx, *(cotangents if several else (cotangents,)))
-            return (*_input_grads(name, grads, count), None)
+            return (*_input_grads(name, grads, shapes), None)
 
         return vjp_of_ctx
     needs, saved, attributes = ctx.needs_input_grad, ctx.saved_tensors, ctx.attributes()
 
     def vjp(cotangents: Any) -> tuple[Any, ...]:
         grads = backward(_context_of(needs, saved, attributes), *(cotangents if several else (cotangents,)))
-        return (*_input_grads(name, grads, count), None)
+        return (*_input_grads(name, grads, shapes), None)
 
     return vjp
 
 
-def _input_grads(name: str, grads: Any, count: int) -> tuple[Any, ...]:
-    """The backward's answer, one gradient per input: past those, only None, as PyTorch allows."""
+def _input_grads(name: str, grads: Any, shapes: tuple[tuple[int, ...] | None, ...]) -> tuple[Any, ...]:
+    """The backward's answer, one gradient per input (past those, only None), each in its input's shape, as PyTorch
+    takes it: one of the shape the input broadcasts to summed to the input's (``sum_to_size``, linear), any other
+    refused in PyTorch's words."""
+    count = len(shapes)
     grads = grads if isinstance(grads, tuple) else (grads,)
     if len(grads) < count or any(g is not None for g in grads[count:]):
         raise RuntimeError(f"{name}.backward returned an incorrect number of gradients (expected {count}, "
                            f"got {len(grads)})")
-    return tuple(grads[:count])
+    return tuple(_in_shape(name, k, g, shape) for k, (g, shape) in enumerate(zip(grads, shapes, strict=False)))
+
+
+def _in_shape(name: str, index: int, grad: Any, shape: tuple[int, ...] | None) -> Any:
+    if not isinstance(grad, torch.Tensor) or shape is None or tuple(grad.shape) == shape:
+        return grad
+    given = tuple(grad.shape)
+    if len(shape) <= len(given) and all(n in (1, m) for n, m in zip(reversed(shape), reversed(given), strict=False)):
+        return grad.sum_to_size(shape)  # (the input expands to the gradient's shape: PyTorch's is_expandable_to)
+    raise RuntimeError(f"Function {name}Backward returned an invalid gradient at index {index} - got "
+                       f"{list(grad.shape)} but expected shape compatible with {list(shape)}")
 

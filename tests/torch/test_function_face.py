@@ -843,3 +843,52 @@ def test_a_call_that_marks_outputs_leaves_nothing_that_recompiles_compiled_code_
     assert values.requires_grad and not indices.requires_grad
     (values * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
     assert torch.equal(x.grad, torch.tensor([2.0, 1.0, 3.0]))
+
+
+class MulUnsummed(torch.autograd.Function):
+    """x (4,) times y (3, 4), as PyTorch's NumpyMul sample broadcasts them: the backward returns x's gradient in the
+    broadcast shape (3, 4), which PyTorch sums to (4,)."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return x * y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        return grad * y, grad * x
+
+
+class WrongShape(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[:1, :1]
+
+
+def test_a_gradient_pytorch_sums_to_its_inputs_shape_is_summed_and_another_refused_in_pytorchs_words():
+    """Issue 76: the class took each gradient in its input's shape alone (the decorator's contract), and raised
+    naming the shapes where PyTorch sums a broadcast gradient to the input's shape: a class the mechanism runs.
+    It is summed (``sum_to_size``, linear, so forward mode follows), and a shape PyTorch refuses raises PyTorch's
+    RuntimeError, in its words."""
+    x, y = torch.tensor([1.0, -2.0, 0.5, 3.0]), torch.arange(12.0).view(3, 4)
+    w = torch.linspace(-1.0, 1.0, 12).view(3, 4)
+    gradients = []
+    for function in (MulUnsummed, ported(MulUnsummed)):
+        leaf = x.clone().requires_grad_(True)
+        (function.apply(leaf, y) * w).sum().backward()
+        gradients.append(leaf.grad)
+    assert torch.equal(gradients[0], gradients[1]) and gradients[0].shape == (4,)
+    tangent = torch.func.jvp(lambda x: ported(MulUnsummed).apply(x, y), (x,), (torch.ones(4),))[1]
+    assert torch.equal(tangent, y)
+    errors = []
+    for function in (WrongShape, ported(WrongShape)):
+        with pytest.raises(RuntimeError) as raised:
+            function.apply(torch.ones(2, 3, requires_grad=True)).sum().backward()
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1] == ("Function WrongShapeBackward returned an invalid gradient at index 0 - got "
+                                      "[1, 1] but expected shape compatible with [2, 3]")
