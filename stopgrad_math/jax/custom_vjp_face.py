@@ -65,8 +65,8 @@ class custom_vjp:
     def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any], symbolic_zeros: bool = False,
                optimize_remat: bool = False) -> None:
         """As ``jax.custom_vjp.defvjp``. With ``symbolic_zeros``, ``fwd`` is given each differentiable argument as
-        a ``CustomVJPPrimal`` marked perturbed (every one may be differentiated here), and ``bwd`` a cotangent
-        that is never a ``SymbolicZero``."""
+        a ``CustomVJPPrimal``, perturbed unless it can never be differentiated (``_perturbed``), and ``bwd`` a
+        cotangent that is never a ``SymbolicZero``."""
         self.fwd, self.bwd = fwd, bwd
         self.symbolic_zeros, self.optimize_remat = symbolic_zeros, optimize_remat
         self.mechanism = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)  # the fall-back
@@ -130,8 +130,8 @@ class custom_vjp:
             given = dict(zip(positions, differentiable, strict=True))
             inputs = [given[k] if k in given else args[k] for k in range(len(args))]
             if symbolic:
-                inputs = [jax.tree.map(lambda v: custom_derivatives.CustomVJPPrimal(v, True), inputs[k])
-                          if k in given else inputs[k] for k in range(len(args))]
+                inputs = [jax.tree.map(lambda v, a: custom_derivatives.CustomVJPPrimal(v, _perturbed(a)), inputs[k],
+                                       args[k]) if k in given else inputs[k] for k in range(len(args))]
             self._in_fwd.depth += 1
             try:
                 output, residuals = fwd(*inputs)
@@ -216,6 +216,19 @@ def _replaced(values: list[Any], indices: list[int], new: list[Any]) -> list[Any
     for k, value in zip(indices, new, strict=True):
         replaced[k] = value
     return replaced
+
+
+def _perturbed(value: Any) -> bool:
+    """``CustomVJPPrimal.perturbed`` for an argument as the call got it: false where it can never be differentiated
+    (a concrete value, or one vmap batches), as JAX says it; true for a tracer of a derivative and for any other
+    (under ``jit`` the decorator cannot know whether a derivative will be taken, and a fwd told false may drop what
+    the bwd needs: JAX, which decides when it differentiates, may say false there)."""
+    while isinstance(value, jax.core.Tracer):
+        inner = getattr(value, "val", None)  # (a BatchTracer's batched value)
+        if type(value).__name__ != "BatchTracer" or inner is None:
+            return True
+        value = inner
+    return False
 
 
 class _InFwd(threading.local):

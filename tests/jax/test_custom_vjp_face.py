@@ -76,23 +76,45 @@ def test_a_method_takes_its_instance_as_a_non_differentiated_argument():
     assert float(jax.jvp(Scaler(3.0), (1.0,), (1.0,))[1]) == 6.0  # the bwd's 2·scale, not autodiff's scale
 
 
-def test_symbolic_zeros_gives_fwd_perturbed_primals_and_bwd_dense_cotangents():
+def _recording_perturbed(make):
+    """x·y whose fwd records the perturbed flags it is given; its bwd skips y's cotangent where y is not perturbed,
+    as JAX allows."""
     seen = []
 
     def fwd(x, y):
-        seen.append((type(x), x.perturbed, type(y)))
-        return x.value * y.value, (x.value, y.value)
+        seen.append((x.perturbed, y.perturbed))
+        return x.value * y.value, (x.value, y.value, y.perturbed)
 
     def bwd(residuals, g):
         assert not isinstance(g, custom_derivatives.SymbolicZero)
-        x, y = residuals
-        return g * y, g * x
+        x, y, y_perturbed = residuals
+        return g * y, g * x if y_perturbed else None
 
-    ours = sgm.custom_vjp(lambda x, y: x * y)
-    ours.defvjp(fwd, bwd, symbolic_zeros=True)
-    assert float(jax.jvp(lambda x: ours(x, 5.0), (2.0,), (1.0,))[1]) == 5.0
-    assert jax.grad(ours, argnums=(0, 1))(2.0, 5.0) == (5.0, 2.0)
-    assert all(t is custom_derivatives.CustomVJPPrimal and perturbed for t, perturbed, _ in seen)
+    product = make(lambda x, y: x * y)
+    product.defvjp(fwd, bwd, symbolic_zeros=True)
+    return product, seen
+
+
+def test_symbolic_zeros_gives_fwd_primals_perturbed_as_jax_where_it_can_be_known():
+    """Issue 76: every argument was marked perturbed. Where an argument can never be differentiated (a concrete value,
+    or one vmap batches), it is not perturbed, as JAX says; under jit, where a derivative may be taken later,
+    every argument is (JAX, deciding as it differentiates, may say false there), so a fwd that drops what a
+    non-perturbed argument's cotangent needs never loses a gradient taken after all."""
+    ways = {"grad x": lambda f: jax.grad(f)(2.0, 5.0), "grad y": lambda f: jax.grad(f, 1)(2.0, 5.0),
+            "grad both": lambda f: jax.grad(f, (0, 1))(2.0, 5.0),
+            "vmap(grad x)": lambda f: jax.vmap(jax.grad(f))(jnp.ones(2), jnp.ones(2)),
+            "jvp x": lambda f: jax.jvp(lambda x: f(x, 5.0), (2.0,), (1.0,))[1]}
+    for way, run in ways.items():
+        (ours, mine), (theirs, jaxs) = _recording_perturbed(sgm.custom_vjp), _recording_perturbed(jax.custom_vjp)
+        if way != "jvp x":  # (jax.custom_vjp has no forward mode)
+            assert jax.tree.map(float, jax.tree.map(jnp.sum, run(ours))) == \
+                jax.tree.map(float, jax.tree.map(jnp.sum, run(theirs)))
+            assert set(mine) == set(jaxs), way
+        else:
+            assert float(run(ours)) == 5.0 and set(mine) == {(True, False)}
+    ours, mine = _recording_perturbed(sgm.custom_vjp)
+    assert jax.jit(jax.grad(ours, 1))(2.0, 5.0) == 2.0  # (under jit both perturbed: y's gradient is there)
+    assert set(mine) == {(True, True)}
 
 
 def test_a_custom_jvp_inside_fun_is_not_preferred_in_any_mode():
