@@ -191,6 +191,8 @@ def _check_as_jax_checks(cotangents: Any, structure: str, leaves: _Leaves) -> No
     """The bwd's output checked as ``jax.custom_vjp`` checks it, in its words, so that a search for the error finds
     JAX's answer: one cotangent (or None) per differentiable argument (TypeError), each of its argument's shape
     (ValueError)."""
+    if isinstance(cotangents, list) and len(cotangents) == len(leaves):  # (JAX takes a list of that length too)
+        cotangents = tuple(cotangents)
     if not isinstance(cotangents, tuple) or len(cotangents) != len(leaves):
         raise TypeError("Custom VJP bwd rule must produce an output with the same container (pytree) structure as "
                         "the args tuple of the primal function, and in particular must produce a tuple of length "
