@@ -154,7 +154,9 @@ class custom_vjp:
             return self.mechanism(*args)
 
         result = decorator_form.call_or_fall_back(f, tuple(args[k] for k in positions), self.order, fallback)
-        return result if reasons else _valued_as_jax_values_it(self.fun, args, result)
+        if reasons or any(_differentiated(leaf) for k in positions for leaf in jax.tree.leaves(args[k])):
+            return result  # (differentiated: fwd's value, as JAX gives it, without the carrier's cost eagerly)
+        return _valued_as_jax_values_it(self.fun, args, result)
 
 
 def _valued_as_jax_values_it(fun: Callable[..., Any], args: tuple[Any, ...], embedded: Any) -> Any:
@@ -184,7 +186,12 @@ def _expected(arguments: tuple[Any, ...]) -> tuple[str, _Leaves]:
     """What ``jax.custom_vjp`` checks a bwd's output against: the structure of the differentiable arguments, and each
     leaf's shape and type (``float32[3]``), by argument."""
     return (str(jax.tree.structure(arguments)),
-            tuple(tuple((jnp.shape(x), _type_of(x)) for x in jax.tree.leaves(a)) for a in arguments))
+            tuple(tuple((jnp.shape(x), _dtype_name(x)) for x in jax.tree.leaves(a)) for a in arguments))
+
+
+def _dtype_name(value: Any) -> str:
+    dtype = getattr(value, "dtype", None)  # (a Python number's as JAX takes it)
+    return str(dtype if dtype is not None else jnp.result_type(value))
 
 
 def _check_as_jax_checks(cotangents: Any, structure: str, leaves: _Leaves) -> None:
@@ -200,17 +207,18 @@ def _check_as_jax_checks(cotangents: Any, structure: str, leaves: _Leaves) -> No
                         f"{jax.tree.structure(cotangents)} for primal input structure {structure}.")
     for k, (cotangent, expected) in enumerate(zip(cotangents, leaves, strict=True)):
         found = [] if cotangent is None else jax.tree_util.tree_flatten_with_path(cotangent)[0]
-        for (path, ct), (shape, kind) in zip(found, expected, strict=False):
+        for (path, ct), (shape, dtype) in zip(found, expected, strict=False):
             if ct is not None and jnp.shape(ct) != shape:
                 raise ValueError(
                     "Custom VJP bwd rule must produce an output with the same type as the args tuple of the primal "
                     f"function, but at output{jax.tree_util.keystr((jax.tree_util.SequenceKey(k), *path))} the bwd "
-                    f"rule produced an output of type {_type_of(ct)} corresponding to an input of type {kind}, so "
-                    "the shapes do not match")
+                    f"rule produced an output of type {_type_of(jnp.shape(ct), _dtype_name(ct))} corresponding to an "
+                    f"input of type {_type_of(shape, dtype)}, so the shapes do not match")
 
 
-def _type_of(value: Any) -> str:
-    return str(jax.core.ShapedArray(jnp.shape(value), jnp.result_type(value)).str_short())  # type: ignore[no-untyped-call]
+def _type_of(shape: tuple[int, ...], dtype: str) -> str:
+    """As JAX writes an abstract value: ``float32[3,4]``."""
+    return f"{dtype}[{','.join(str(n) for n in shape)}]"
 
 
 def _replaced(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
@@ -218,6 +226,19 @@ def _replaced(values: list[Any], indices: list[int], new: list[Any]) -> list[Any
     for k, value in zip(indices, new, strict=True):
         replaced[k] = value
     return replaced
+
+
+_DERIVATIVES = ("JVPTracer", "LinearizeTracer")  # the tracers of a derivative being taken, in every JAX
+
+
+def _differentiated(value: Any) -> bool:
+    """Whether a derivative of the value is being taken: a tracer of a derivative, or one that holds one (a vmap's,
+    under grad). Under ``jit`` alone no one can tell yet."""
+    while isinstance(value, jax.core.Tracer):
+        if type(value).__name__ in _DERIVATIVES:
+            return True
+        value = getattr(value, "val", None)  # (a BatchTracer's batched value)
+    return False
 
 
 def _perturbed(value: Any) -> bool:
