@@ -102,7 +102,7 @@ class custom_vjp:
         differentiable = [k for k in range(len(args)) if k not in self.nondiff_argnums]
 
         def called(*values: Any) -> Any:
-            return self._decorated(tuple(_replaced(list(args), differentiable, list(values))), reasons)
+            return self._decorated(tuple(decorator_form.replaced(list(args), differentiable, list(values))), reasons)
 
         jax.eval_shape(called, *(args[k] for k in differentiable))
         return Route(embedded=False, reason=reasons[0]) if reasons else Route(embedded=True)
@@ -170,7 +170,7 @@ def _valued_as_jax_values_it(fun: Callable[..., Any], args: tuple[Any, ...], emb
 
     @jax.custom_jvp
     def valued(given: list[Any], result: Any) -> Any:
-        return fun(*jax.tree.unflatten(structure, _replaced(leaves, arrays, given)))
+        return fun(*jax.tree.unflatten(structure, decorator_form.replaced(leaves, arrays, given)))
 
     @valued.defjvp
     def passed_through(primals: tuple[Any, Any], tangents: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -221,24 +221,23 @@ def _type_of(shape: tuple[int, ...], dtype: str) -> str:
     return f"{dtype}[{','.join(str(n) for n in shape)}]"
 
 
-def _replaced(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
-    replaced = list(values)
-    for k, value in zip(indices, new, strict=True):
-        replaced[k] = value
-    return replaced
-
-
 _DERIVATIVES = ("JVPTracer", "LinearizeTracer")  # the tracers of a derivative being taken, in every JAX
 
 
-def _differentiated(value: Any) -> bool:
-    """Whether a derivative of the value is being taken: a tracer of a derivative, or one that holds one (a vmap's,
-    under grad). Under ``jit`` alone no one can tell yet."""
+def _tracers(value: Any) -> list[str]:
+    """The kinds of the tracers that hold the value, outermost first: a vmap's ``BatchTracer`` holds the next in
+    ``val``; none where the value is concrete."""
+    kinds = []
     while isinstance(value, jax.core.Tracer):
-        if type(value).__name__ in _DERIVATIVES:
-            return True
-        value = getattr(value, "val", None)  # (a BatchTracer's batched value)
-    return False
+        kinds.append(type(value).__name__)
+        value = getattr(value, "val", None)
+    return kinds
+
+
+def _differentiated(value: Any) -> bool:
+    """Whether a derivative of the value is being taken: a tracer of a derivative holds it (under a vmap's, with
+    grad outside). Under ``jit`` alone no one can tell yet."""
+    return any(kind in _DERIVATIVES for kind in _tracers(value))
 
 
 def _perturbed(value: Any) -> bool:
@@ -246,12 +245,7 @@ def _perturbed(value: Any) -> bool:
     (a concrete value, or one vmap batches), as JAX says it; true for a tracer of a derivative and for any other
     (under ``jit`` the decorator cannot know whether a derivative will be taken, and a fwd told false may drop what
     the bwd needs: JAX, which decides when it differentiates, may say false there)."""
-    while isinstance(value, jax.core.Tracer):
-        inner = getattr(value, "val", None)  # (a BatchTracer's batched value)
-        if type(value).__name__ != "BatchTracer" or inner is None:
-            return True
-        value = inner
-    return False
+    return any(kind != "BatchTracer" for kind in _tracers(value))
 
 
 class _InFwd(threading.local):

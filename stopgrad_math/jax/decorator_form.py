@@ -316,8 +316,8 @@ class _Call:
         """The same call with other values of the differentiable leaves (tracers of its compiled embedding)."""
         leaves, outputs = self.leaves, self.outputs
         return dataclasses.replace(
-            self, leaves=dataclasses.replace(leaves, values=_replaced(leaves.values, leaves.differentiable, arguments)),
-            outputs=dataclasses.replace(outputs, values=_replaced(outputs.values, outputs.differentiable, ys)))
+            self, leaves=dataclasses.replace(leaves, values=replaced(leaves.values, leaves.differentiable, arguments)),
+            outputs=dataclasses.replace(outputs, values=replaced(outputs.values, outputs.differentiable, ys)))
 
 
     def shapes(self) -> _Call:
@@ -343,11 +343,12 @@ def _is_array_like(value: Any) -> bool:
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
-def _replaced(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
-    replaced = list(values)
+def replaced(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
+    """``values`` with those at ``indices`` replaced by ``new``, in order (a copy)."""
+    copy = list(values)
     for k, value in zip(indices, new, strict=True):
-        replaced[k] = value
-    return replaced
+        copy[k] = value
+    return copy
 
 
 def _attached(call: _Call, vjp: Callable[[Any], Any], arguments: list[jax.Array],

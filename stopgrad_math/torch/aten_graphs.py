@@ -430,11 +430,10 @@ def _draws(node: fx.Node) -> bool:
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
             or torch.Tag.nondeterministic_seeded not in node.target.tags:
         return False
-    arguments = node.target._schema.arguments
-    given = {a.name: node.args[k] if k < len(node.args) else node.kwargs.get(a.name, a.default_value)
-             for k, a in enumerate(arguments)}
     if not any(word in linear_ops.op_name(node.target) for word in ("dropout", "attention")):
         return True
+    given = {a.name: node.args[k] if k < len(node.args) else node.kwargs.get(a.name, a.default_value)
+             for k, a in enumerate(node.target._schema.arguments)}
     return given.get("train") is not False and bool(given.get("dropout_p", given.get("p")) != 0)
 
 

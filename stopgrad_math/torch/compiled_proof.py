@@ -171,6 +171,9 @@ _PROVEN_WHILE_COMPILING: bounded_cache.BoundedCache[tuple[int, ...]] = bounded_c
     kept_proofs.PROOFS_KEPT)
 _REFUSED = -3  # a proof's first number where the VJP cannot be embedded and the call falls back
 _UNRECORDED = -5  # one at order 2 whose VJP reads a tensor f computed with grad mode off: proven at order 1 instead
+_REVERSE_ONLY = -4  # one whose transpose cannot be formed (``compiled_graphs.registered``): then the key, and the
+# leaves kept
+_REFUSALS: list[str] = []  # their reasons, one per compilation that fell back
 
 
 class _Unrecorded(ValueError):
@@ -181,11 +184,6 @@ def _check_recorded(watch: unrecorded.Watch | None, vjp: Any) -> None:
     lifted = vjp_closure.lifted(vjp)
     if unrecorded.lost_read(watch, [] if lifted is None else lifted.tensors):
         raise _Unrecorded
-
-
-_REVERSE_ONLY = -4  # one whose transpose cannot be formed (``compiled_graphs.registered``): then the key, and the
-# leaves kept
-_REFUSALS: list[str] = []  # their reasons, one per compilation that fell back
 
 
 def _held_weakly(value: Any) -> Any:
