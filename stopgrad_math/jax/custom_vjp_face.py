@@ -5,8 +5,9 @@ keyword arguments resolved to positions, the non-differentiable arguments passed
 residuals and the output's cotangent; ``bwd`` returns one cotangent (or None) per differentiable argument. Each call
 is one decorated call (``custom_gradient``): ``fwd`` is f, and ``bwd`` with its residuals the VJP, so ``jvp``,
 ``jacfwd`` and ``linearize`` come from the ``bwd`` as ``grad`` does. Where the decorator cannot embed the ``bwd``
-(not linear in its cotangent, as JAX's documented ``clip_gradient``, or it reads the cotangent's value), the call
-is ``jax.custom_vjp`` of the same functions: reverse mode is JAX's own, and forward mode raises, naming the reason.
+(not linear in its cotangent, as JAX's documented ``clip_gradient``, reading the cotangent's value, an output JAX
+refuses) or is promised what only JAX's reverse mode knows (``symbolic_zeros``), the call is ``jax.custom_vjp`` of
+the same functions: reverse mode is JAX's own, and forward mode raises, naming the reason (``forward_refusal``).
 ``route`` says which a call takes.
 """
 
@@ -20,10 +21,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import custom_derivatives
 
-from stopgrad_math.jax import decorator_form
-from stopgrad_math.shared.linearity import Route
+from stopgrad_math.jax import decorator_form, forward_refusal
+from stopgrad_math.shared.linearity import NotEmbeddable, Route
 
 FORWARD_MODE = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
 
@@ -64,9 +64,9 @@ class custom_vjp:
 
     def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any], symbolic_zeros: bool = False,
                optimize_remat: bool = False) -> None:
-        """As ``jax.custom_vjp.defvjp``. With ``symbolic_zeros``, ``fwd`` is given each differentiable argument as
-        a ``CustomVJPPrimal``, perturbed unless it can never be differentiated (``_perturbed``), and ``bwd`` a
-        cotangent that is never a ``SymbolicZero``."""
+        """As ``jax.custom_vjp.defvjp``. With ``symbolic_zeros``, every call is ``jax.custom_vjp``'s: its fwd and
+        bwd are given JAX's ``CustomVJPPrimal`` and ``SymbolicZero``, which JAX's reverse mode alone knows, and
+        forward mode raises, naming that. With ``optimize_remat``, the value is ``fun``'s."""
         self.fwd, self.bwd = fwd, bwd
         self.symbolic_zeros, self.optimize_remat = symbolic_zeros, optimize_remat
         self.mechanism = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)  # the fall-back
@@ -82,15 +82,7 @@ class custom_vjp:
             return self.fun(*args)
         if not decorator_form.differentiating(args, {}):  # eagerly on concrete values: fun alone, as JAX runs it
             return self.fun(*args)
-        reasons: list[str] = []
-        try:
-            return self._decorated(args, reasons)
-        except TypeError as error:
-            if reasons and FORWARD_MODE in str(error):
-                raise TypeError(f"{FORWARD_MODE}: the bwd of {self.name} could not be embedded ({reasons[0]}), so "
-                                "this call is jax.custom_vjp, whose reverse mode is JAX's and which has no forward "
-                                "mode.") from error
-            raise
+        return self._decorated(args, [])
 
     def route(self, *args: Any, **kwargs: Any) -> Route:
         """Whether a call on these arguments embeds the ``bwd`` (``Route.embedded``), or is ``jax.custom_vjp``
@@ -112,10 +104,15 @@ class custom_vjp:
             raise AttributeError(f"No VJP defined for custom_vjp function {self.name} using defvjp.")
         if self.signature is None:
             return args
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        if bound.kwargs:
-            raise TypeError(f"keyword arguments of {self.name} could not be resolved to positions")
+        try:  # (JAX's words, so that a search for the error finds JAX's answer)
+            bound = self.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            if bound.kwargs:
+                raise TypeError("The following keyword arguments could not be resolved to positions: "
+                                f"{', '.join(k for k in bound.kwargs if k in kwargs)}")
+        except TypeError as error:
+            raise TypeError(f"The input arguments to the custom_vjp-decorated function {self.name} could not be "
+                            f"resolved to positional-only arguments. Binding failed with the error:\n{error}") from None
         return tuple(bound.args)
 
     def _decorated(self, args: tuple[Any, ...], reasons: list[str]) -> Any:
@@ -124,26 +121,24 @@ class custom_vjp:
         fwd, bwd = typing_cast(self.fwd), typing_cast(self.bwd)
         nondiff = self.nondiff_argnums
         positions = tuple(k for k in range(len(args)) if k not in nondiff)  # (a tuple: the VJP's closure is keyed)
-        symbolic = self.symbolic_zeros
+        fun = self.fun if self.optimize_remat else None
 
         def f(*differentiable: Any) -> Any:
             given = dict(zip(positions, differentiable, strict=True))
             inputs = [given[k] if k in given else args[k] for k in range(len(args))]
-            if symbolic:
-                inputs = [jax.tree.map(lambda v, a: custom_derivatives.CustomVJPPrimal(v, _perturbed(a)), inputs[k],
-                                       args[k]) if k in given else inputs[k] for k in range(len(args))]
             self._in_fwd.depth += 1
             try:
                 output, residuals = fwd(*inputs)
             finally:
                 self._in_fwd.depth -= 1
+            if fun is not None:  # fun's value, which JAX gives where it drops the residuals, and agrees with fwd's
+                output = fun(*inputs)
 
             expected = _expected(differentiable)  # (strings and shapes alone: the VJP is keyed by its closure)
 
             def vjp(cotangent: Any) -> Any:
                 cotangents = bwd(*(args[k] for k in nondiff), residuals, cotangent)
-                _check_as_jax_checks(cotangents, *expected)
-                return tuple(cotangents)
+                return _read_as_jax_reads(cotangents, [args[k] for k in positions], *expected)
 
             return output, vjp
 
@@ -151,32 +146,69 @@ class custom_vjp:
 
         def fallback(reason: str) -> Any:
             reasons.append(reason)
-            return self.mechanism(*args)
+            message = (f"{FORWARD_MODE}: the bwd of {self.name} could not be embedded ({reason}), so this call is "
+                       "jax.custom_vjp, whose reverse mode is JAX's and which has no forward mode.")
+            return self.mechanism(*(args[k] if k in nondiff else forward_refusal.refusing_forward(args[k], message)
+                                    for k in range(len(args))))
 
+        if self.symbolic_zeros:
+            return fallback(SYMBOLIC_ZEROS)
         result = decorator_form.call_or_fall_back(f, tuple(args[k] for k in positions), self.order, fallback)
         if reasons or any(_differentiated(leaf) for k in positions for leaf in jax.tree.leaves(args[k])):
             return result  # (differentiated: fwd's value, as JAX gives it, without the carrier's cost eagerly)
-        return _valued_as_jax_values_it(self.fun, args, result)
+        return _valued_as_jax_values_it(self, args, result)
 
 
-def _valued_as_jax_values_it(fun: Callable[..., Any], args: tuple[Any, ...], embedded: Any) -> Any:
+SYMBOLIC_ZEROS = ("symbolic_zeros=True: its fwd and bwd are given what JAX knows of each derivative, which input "
+                  "is perturbed and which cotangent is a symbolic zero, and only JAX's reverse mode knows it")
+
+
+def _valued_as_jax_values_it(face: custom_vjp, args: tuple[Any, ...], embedded: Any) -> Any:
     """The embedded call's result with ``jax.custom_vjp``'s value: ``fun``'s where nothing differentiates the call
     (under ``jit`` or ``vmap`` alone, where the decorator cannot know that nothing will), and the embedding's where
     something does (``fwd``'s output, with the derivative the ``bwd`` gives), as JAX chooses between them: a
     ``jax.custom_jvp`` of the arrays among the arguments and the result, whose primal is ``fun`` and whose rule
-    passes the result and its tangent through. Under ``jit`` the embedding a plain call does not read is dead code."""
+    passes the result and its tangent through. Under ``jit`` the embedding a plain call does not read is dead code.
+    There, where ``fun`` runs beside ``fwd``, their outputs are checked to agree in structure, shapes and dtypes,
+    as JAX checks them where it has run ``fun``."""
     leaves, structure = jax.tree.flatten(args)
     arrays = [k for k, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
 
     @jax.custom_jvp
     def valued(given: list[Any], result: Any) -> Any:
-        return fun(*jax.tree.unflatten(structure, decorator_form.replaced(leaves, arrays, given)))
+        value = face.fun(*jax.tree.unflatten(structure, decorator_form.replaced(leaves, arrays, given)))
+        _check_fwd_as_jax_checks(face, result, value)
+        return value
 
     @valued.defjvp
     def passed_through(primals: tuple[Any, Any], tangents: tuple[Any, Any]) -> tuple[Any, Any]:
         return primals[1], tangents[1]
 
     return valued([leaves[k] for k in arrays], embedded)
+
+
+def _check_fwd_as_jax_checks(face: custom_vjp, fwd_value: Any, fun_value: Any) -> None:
+    """TypeError, in JAX's words, where fwd's output is not of fun's structure, shapes and dtypes."""
+    def typed(value: Any) -> tuple[Any, str]:
+        leaves, structure = jax.tree.flatten(value)
+        types = [_type_of(jnp.shape(v), _dtype_name(v)) for v in leaves]
+        return structure, str(jax.tree.unflatten(structure, types)).replace("'", "")
+
+    (fwd_structure, fwd_types), (fun_structure, fun_types) = typed(fwd_value), typed(fun_value)
+    if fwd_structure != fun_structure:
+        found, end = "container/pytree structure:", "."
+    elif fwd_types != fun_types:
+        found, end = "shapes/dtypes of:", ""
+    else:
+        return
+    fwd_name = getattr(face.fwd, "__name__", repr(face.fwd))
+    raise TypeError(
+        f"Custom VJP fwd rule {fwd_name} for function {face.name} must produce a pair (list or tuple of length two) "
+        "where the first element represents the primal output (equal to the output of the custom_vjp-decorated "
+        f"function {face.name}) and the second element represents residuals (i.e. values stored from the forward "
+        f"pass for use on the backward pass), but instead the fwd rule output's first element had {found}\n"
+        f"    {fwd_types}\nwhile the custom_vjp-decorated function {face.name} had output {found}\n"
+        f"    {fun_types}{end}")
 
 
 _Leaves = tuple[tuple[tuple[tuple[int, ...], str], ...], ...]
@@ -194,26 +226,53 @@ def _dtype_name(value: Any) -> str:
     return str(dtype if dtype is not None else jnp.result_type(value))
 
 
-def _check_as_jax_checks(cotangents: Any, structure: str, leaves: _Leaves) -> None:
-    """The bwd's output checked as ``jax.custom_vjp`` checks it, in its words, so that a search for the error finds
-    JAX's answer: one cotangent (or None) per differentiable argument (TypeError), each of its argument's shape
-    (ValueError)."""
-    if isinstance(cotangents, list) and len(cotangents) == len(leaves):  # (JAX takes a list of that length too)
+def _read_as_jax_reads(cotangents: Any, arguments: list[Any], structure: str, leaves: _Leaves) -> tuple[Any, ...]:
+    """The bwd's output read as ``jax.custom_vjp`` reads it: a tuple (or list) of one cotangent per differentiable
+    argument, each None or a tree of the argument's structure where a None stands for a subtree's zeros and a leaf
+    for a subtree of one leaf, each leaf of its argument's shape; returned with each cotangent in its argument's
+    structure. Where JAX would raise, ``NotEmbeddable``, in JAX's words: the call is then JAX's mechanism, which
+    raises its own error where a derivative is taken, and runs where none is, as JAX's does."""
+    if isinstance(cotangents, list) and len(cotangents) == len(leaves):
         cotangents = tuple(cotangents)
     if not isinstance(cotangents, tuple) or len(cotangents) != len(leaves):
-        raise TypeError("Custom VJP bwd rule must produce an output with the same container (pytree) structure as "
-                        "the args tuple of the primal function, and in particular must produce a tuple of length "
-                        "equal to the number of arguments to the primal function, but got bwd output structure "
-                        f"{jax.tree.structure(cotangents)} for primal input structure {structure}.")
-    for k, (cotangent, expected) in enumerate(zip(cotangents, leaves, strict=True)):
-        found = [] if cotangent is None else jax.tree_util.tree_flatten_with_path(cotangent)[0]
-        for (path, ct), (shape, dtype) in zip(found, expected, strict=False):
-            if ct is not None and jnp.shape(ct) != shape:
-                raise ValueError(
-                    "Custom VJP bwd rule must produce an output with the same type as the args tuple of the primal "
-                    f"function, but at output{jax.tree_util.keystr((jax.tree_util.SequenceKey(k), *path))} the bwd "
-                    f"rule produced an output of type {_type_of(jnp.shape(ct), _dtype_name(ct))} corresponding to an "
-                    f"input of type {_type_of(shape, dtype)}, so the shapes do not match")
+        raise NotEmbeddable(
+            "Custom VJP bwd rule must produce an output with the same container (pytree) structure as the args "
+            "tuple of the primal function, and in particular must produce a tuple of length equal to the number of "
+            f"arguments to the primal function, but got bwd output structure {jax.tree.structure(cotangents)} for "
+            f"primal input structure {structure}.")
+    return tuple(None if ct is None else _in_structure_of(k, ct, argument, expected)
+                 for k, (ct, argument, expected) in enumerate(zip(cotangents, arguments, leaves, strict=True)))
+
+
+def _in_structure_of(k: int, cotangent: Any, argument: Any, expected: tuple[tuple[tuple[int, ...], str], ...]) -> Any:
+    """One argument's cotangent in its structure (``_read_as_jax_reads``)."""
+    structure = jax.tree.structure(argument)
+    dummy = jax.tree.unflatten(structure, [0] * len(jax.tree.leaves(argument)))
+    given = jax.tree.flatten(cotangent, is_leaf=lambda ct: ct is None)  # (a None is a leaf here: a subtree's zeros)
+    try:
+        subtrees = given[1].flatten_up_to(dummy)  # type: ignore[attr-defined]
+    except (TypeError, ValueError) as error:
+        raise NotEmbeddable(f"Custom VJP bwd rule produced an output at output[{k}] whose structure is not a prefix "
+                            f"of its argument's: {error}") from None
+    flat: list[Any] = []
+    for ct, subtree in zip(given[0], subtrees, strict=True):
+        flat.extend([None] * len(jax.tree.leaves(subtree)) if ct is None else [ct])
+    if len(flat) != len(expected):
+        raise NotEmbeddable(f"Custom VJP bwd rule produced {len(flat)} cotangents at output[{k}] for an argument "
+                            f"of {len(expected)} leaves.")
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(dummy)[0]]
+    for path, ct, (shape, dtype) in zip(paths, flat, expected, strict=True):
+        if ct is not None and jnp.shape(ct) != shape:
+            raise NotEmbeddable(
+                "Custom VJP bwd rule must produce an output with the same type as the args tuple of the primal "
+                f"function, but at output{jax.tree_util.keystr((jax.tree_util.SequenceKey(k), *path))} the bwd "
+                f"rule produced an output of type {_type_of(jnp.shape(ct), _dtype_name(ct))} corresponding to an "
+                f"input of type {_type_of(shape, dtype)}, so the shapes do not match")
+    try:  # as given where it has the argument's structure (a custom node's unflatten may not take a None)
+        structure.flatten_up_to(cotangent)  # type: ignore[attr-defined]
+        return cotangent
+    except (TypeError, ValueError):
+        return jax.tree.unflatten(structure, flat)
 
 
 def _type_of(shape: tuple[int, ...], dtype: str) -> str:
@@ -238,14 +297,6 @@ def _differentiated(value: Any) -> bool:
     """Whether a derivative of the value is being taken: a tracer of a derivative holds it (under a vmap's, with
     grad outside). Under ``jit`` alone no one can tell yet."""
     return any(kind in _DERIVATIVES for kind in _tracers(value))
-
-
-def _perturbed(value: Any) -> bool:
-    """``CustomVJPPrimal.perturbed`` for an argument as the call got it: false where it can never be differentiated
-    (a concrete value, or one vmap batches), as JAX says it; true for a tracer of a derivative and for any other
-    (under ``jit`` the decorator cannot know whether a derivative will be taken, and a fwd told false may drop what
-    the bwd needs: JAX, which decides when it differentiates, may say false there)."""
-    return any(kind != "BatchTracer" for kind in _tracers(value))
 
 
 class _InFwd(threading.local):

@@ -55,6 +55,7 @@ from stopgrad_math.jax import identity, linear_primitives, second_derivative_gua
 from stopgrad_math.jax.vjp_conventions import Leaves, argument_cotangents, call_f, is_differentiable, name_of
 from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.shared import bounded_cache, linearity, nesting
+from stopgrad_math.shared.arguments import BEYOND_ORDER
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.shared.linearity import NotEmbeddable, State
 
@@ -256,11 +257,12 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     if not differentiating(args, kwargs):  # y as every order computes it, at stop(x); the VJP is never traced
         return call_f(f, leaves.with_values(stopped), kwargs)[0]
-    y, vjp = _evaluated(f, leaves, stopped, kwargs, order)
+    y, vjp, beyond = _evaluated(f, leaves, stopped, kwargs, order)
     outputs = Leaves.of(y, "y")
     if not outputs.differentiable:
         return y
-    call = _Call(f, names, leaves, outputs, order, guard)
+    order = 1 if beyond is not None else order
+    call = _Call(f, names, leaves, outputs, order, guard, beyond or BEYOND_ORDER[order].format(name=name_of(f)))
     try:
         attached = _compiled(call, vjp)
         if attached is None:
@@ -276,21 +278,33 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
 
 
 def _evaluated(f: Callable[..., Any], leaves: Leaves, stopped: dict[int, jax.Array], kwargs: dict[str, Any],
-               order: int) -> tuple[Any, Callable[[Any], Any]]:
-    """y and the VJP. Under one eager derivative alone (``sole_derivative``), f runs once on the primal values; else
-    at ``stop(x)`` (order 1), or at x for the VJP's residuals, which move with x, and again at ``stop(x)`` for y,
-    with what f closes over live (order 2)."""
+               order: int) -> tuple[Any, Callable[[Any], Any], str | None]:
+    """y, the VJP, and None, or the reason a second derivative cannot be given. Under one eager derivative alone
+    (``sole_derivative``), f runs once on the primal values; else at ``stop(x)`` (order 1), or at x for the VJP's
+    residuals, which move with x, and again at ``stop(x)`` for y, with what f closes over live (order 2). Where JAX
+    cannot differentiate f at x (a ``custom_vmap`` in it, a ``jax.custom_vjp`` under forward mode), a first
+    derivative needs none of that: the call is order 1's, and its second derivative raises, naming the error."""
     below = sole_derivative.trace_below()
     if below is not None and not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(kwargs)):
         try:
             with sole_derivative.running_below(below):
-                return call_f(f, leaves.with_values(stopped), kwargs)
+                return (*call_f(f, leaves.with_values(stopped), kwargs), None)
         except jax.errors.UnexpectedTracerError:  # f reads a value differentiated besides its arguments
             pass
-    y, vjp = call_f(f, leaves.with_values({} if order == 2 else stopped), kwargs)
-    if order == 2:
-        y = call_f(f, leaves.with_values(stopped), kwargs)[0]
-    return y, vjp
+    if order == 1:
+        return (*call_f(f, leaves.with_values(stopped), kwargs), None)
+    try:
+        vjp = call_f(f, leaves.with_values({}), kwargs)[1]
+    except Exception as error:
+        y, vjp = call_f(f, leaves.with_values(stopped), kwargs)
+        return y, vjp, UNDIFFERENTIABLE.format(name=name_of(f), error=f"{type(error).__name__}: {error}")
+    return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, None
+
+
+UNDIFFERENTIABLE = (
+    "A second derivative through {name} would miss the term through its vjp's own dependence on the arguments: "
+    "JAX could not differentiate {name} at its arguments ({error}). Its first derivatives are exact, as at "
+    "order=1; they need none of it.")
 
 
 def differentiating(args: Any, kwargs: dict[str, Any]) -> bool:
@@ -311,6 +325,7 @@ class _Call:
     outputs: Leaves  # y
     order: int
     guard: bool
+    beyond: str  # what a derivative beyond ``order`` raises
 
     def over(self, arguments: list[jax.Array], ys: list[jax.Array]) -> _Call:
         """The same call with other values of the differentiable leaves (tracers of its compiled embedding)."""
@@ -363,7 +378,7 @@ def _attached(call: _Call, vjp: Callable[[Any], Any], arguments: list[jax.Array]
         consts = [identity.stop(c) if is_differentiable(c) else c for c in consts]
     zeros = [identity.zero_with_slope(leaves.values[k], slope_is_negative=True) for k in linear.arguments]
     if call.guard:
-        zeros = [second_derivative_guard.guarded(zero, watched, order, name_of(call.f)) for zero in zeros]
+        zeros = [second_derivative_guard.guarded(zero, watched, order, call.beyond) for zero in zeros]
     terms = _terms(call.f, outputs, leaves, linear, consts, zeros, order)
     return [identity.attach(outputs.values[k], [terms[k]]) if k in terms else outputs.values[k]
             for k in outputs.differentiable]
@@ -416,7 +431,7 @@ def _signature(call: _Call, opened: vjp_closure.Opened) -> Hashable | None:
         outputs = tuple(_leaf_key(v) for v in call.outputs.values)
     except TypeError:
         return None
-    return (opened.key, name_of(call.f), tuple(call.names), call.order, call.guard,
+    return (opened.key, name_of(call.f), tuple(call.names), call.order, call.guard, call.beyond,
             jax.dtypes.canonicalize_dtype(np.float64),  # whether float64 is enabled
             call.leaves.structure, leaves, tuple(call.leaves.differentiable), call.outputs.structure, outputs,
             tuple(call.outputs.differentiable))

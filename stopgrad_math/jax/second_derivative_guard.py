@@ -35,7 +35,6 @@ from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
 from stopgrad_math.jax import identity
-from stopgrad_math.shared.arguments import BEYOND_ORDER
 
 _fence_p = core.Primitive("stopgrad_math_fence")
 
@@ -114,9 +113,10 @@ identity.checked_by_shard_map(_guarded_p, as_first=True)
 mlir.register_lowering(_guarded_p, mlir.lower_fun(_first, multiple_results=False))
 
 
-def guarded(v: jax.Array, watched: list[jax.Array], order: int, name: str) -> jax.Array:
-    """v, whose tangent is dv·fence(watched): exact, and raising at the derivative beyond ``order``."""
-    return _guarded_p.bind(v, *watched, depth=order, message=BEYOND_ORDER[order].format(name=name))
+def guarded(v: jax.Array, watched: list[jax.Array], order: int, message: str) -> jax.Array:
+    """v, whose tangent is dv·fence(watched): exact, and raising ``LookupError(message)`` at the derivative beyond
+    ``order``."""
+    return _guarded_p.bind(v, *watched, depth=order, message=message)
 
 
 def _times(value: jax.Array, one: jax.Array) -> jax.Array:

@@ -17,8 +17,8 @@ or ``None`` (by value, unless the framework passes it in as an array), a builtin
 identity, with its attributes of the names the code reads), or a nested
 function (opened in turn, two levels deep); each array's ``Arrays.key``; and
 every global the code may read, by value where it is a number or string, by
-identity where it is a builtin or an array the framework calls immutable, by
-code, closure and globals where it is a function, and a module or class with
+identity where it is a builtin, an array the framework calls immutable or a
+library's function, by code, closure and globals where it is another function, and a module or class with
 its attributes of the names the code reads (``jnp.exp``, ``torch.exp``, a
 float a module or a class holds; a function of the user's own code there is
 opened as a global function is, a library's taken by identity), so that
@@ -276,6 +276,8 @@ class _Opening:
             return same(value)
         if type(value) is tuple:
             return tuple, tuple(self.global_key(v, depth, names) for v in value)
+        if isinstance(value, types.FunctionType) and _library_code(self.read(_ATTRIBUTE, value, "__code__")):
+            return same(value)  # (a library's module globals are never rebound: what it reads, it reads as it is)
         if isinstance(value, types.FunctionType) and depth > 0:
             return self.function_key(value, depth - 1)
         raise _Refused

@@ -11,8 +11,8 @@ Where the two differ, the difference is one the issue allows, and is tested as i
 - a derivative of a bwd (a second derivative, ``grad`` of a function that takes a ``grad``) raises at
   ``order=1``, naming ``order=2``, which gives it exactly; at ``order=2`` a third one raises.
 
-Not restated: the cases that read JAX's internals (jaxpr printing, DCE, ``optimize_remat``'s jaxpr), and
-symbolic-zero cotangents (ours never gives bwd a ``SymbolicZero``: tests/jax/test_custom_vjp_face.py)."""
+Not restated: the cases that read JAX's internals (jaxpr printing, DCE, ``optimize_remat``'s jaxpr); the
+symbolic-zero cases, where ours is jax.custom_vjp itself, are in tests/jax/test_custom_vjp_face.py."""
 
 import re
 
@@ -339,8 +339,12 @@ def test_a_closure_converted_function_and_its_constants(make):  # test_closure_c
 @both
 @pytest.mark.parametrize("bwd", [lambda _, ct: (ct, ct), lambda _, ct: 2.0 * ct], ids=["two", "bare"])
 def test_a_bwd_giving_two_cotangents_or_a_bare_one_for_one_argument(make, bwd):  # test_vjp_rule_inconsistent_
-    f = make()(lambda x: x)                                                   # pytree_structures_error, _non_tuple
-    f.defvjp(lambda x: (x, None), bwd)
+    """test_vjp_rule_inconsistent_pytree_structures_error, test_vjp_bwd_returns_non_tuple_error: raised where a
+    derivative is taken, not by a plain call, under jit too (issue 76: ours raised in jax.make_jaxpr and jit of a
+    plain call, where JAX never runs the bwd; test_pretty_print, test_initial_style_vmap_with_collective)."""
+    f = make()(lambda x: x + 1.0)
+    f.defvjp(lambda x: (x + 1.0, None), bwd)
+    assert float(jax.jit(f)(2.0)) == 3.0 and "custom_vjp_call" in str(jax.make_jaxpr(f)(2.0))
     with pytest.raises(TypeError, match=re.escape("Custom VJP bwd rule must produce an output with the same "
                                                   "container (pytree) structure as the args tuple of the primal "
                                                   "function, and in particular must produce a tuple")):
@@ -358,11 +362,33 @@ def test_a_cotangent_of_another_shape(make):  # test_bwd_rule_shape_mismatch
         jax.grad(lambda x, y: f(x, y * y).sum(), 1)(jnp.ones(3), jnp.ones(4))
 
 
+def test_a_bwd_jax_would_refuse_makes_forward_mode_name_it():
+    """Ours hands such a call to jax.custom_vjp: its forward mode raises, with JAX's words and then the bwd's fault,
+    eagerly and under jit, linearize and a scan (where JAX's bare TypeError came from its compiler before)."""
+    f = _ours()(lambda x, y: x)
+    f.defvjp(lambda x, y: (x, None), lambda _, ct: (jnp.zeros(3), jnp.zeros(3)))
+    forward = lambda y: f(jnp.ones(3), y * y).sum()  # noqa: E731
+    y, dy = jnp.ones(4), jnp.ones(4)
+    for run in (lambda: jax.jvp(forward, (y,), (dy,)), lambda: jax.jit(lambda y: jax.jvp(forward, (y,), (dy,)))(y),
+                lambda: jax.linearize(forward, y)[1](dy),
+                lambda: jax.jvp(lambda y: lax.scan(lambda c, _: (c, forward(c)), y, None, length=2)[1].sum(), (y,),
+                                (dy,)),
+                lambda: jax.jvp(jax.checkpoint(forward), (y,), (dy,))):
+        with pytest.raises(TypeError, match=r"forward-mode autodiff .* the bwd of <lambda> could not be embedded "
+                                            r"\(.*at output\[1\].*float32\[3\] corresponding to an input of type "
+                                            r"float32\[4\]"):
+            run()
+
+
 @both
-def test_a_fwd_whose_output_is_not_funs(make):  # test_fwd_rule_primal_out_type_doesnt_match_primal_error_message
+@pytest.mark.parametrize("fwd, found", [
+    (lambda x: ((x, x), None), "container/pytree structure:\n    (float32[], float32[])\nwhile"),
+    (lambda x: (jnp.zeros((3,)), None), "shapes/dtypes of:\n    float32[3]\nwhile")], ids=["structure", "shape"])
+def test_a_fwd_whose_output_is_not_funs(make, fwd, found):  # test_fwd_rule_primal_out_type_doesnt_match_primal_
+    """In JAX's words, where JAX has run fun (in a scan; issue 76: ours raised an error of its own)."""  # error_message
     f = make()(lambda x: x)
-    f.defvjp(lambda x: ((x, x), None), lambda _, ct: (ct,))
-    with pytest.raises((TypeError, ValueError)):
+    f.defvjp(fwd, lambda _, ct: (ct,))
+    with pytest.raises(TypeError, match=re.escape("the fwd rule output's first element had " + found)):
         jax.grad(_in_a_scan(f))(jnp.float32(1.0))
 
 
@@ -370,7 +396,9 @@ def test_a_fwd_whose_output_is_not_funs(make):  # test_fwd_rule_primal_out_type_
 def test_a_missing_argument_is_a_type_error_naming_it(make):  # test_resolve_kwargs_error_message
     f = make()(lambda x, y: x + y)
     f.defvjp(lambda x, y: pytest.fail("not called"), lambda r, ct: pytest.fail("not called"))
-    with pytest.raises(TypeError, match="missing a required argument: 'y'"):
+    with pytest.raises(TypeError, match=re.escape("The input arguments to the custom_vjp-decorated function <lambda> "
+                                                  "could not be resolved to positional-only arguments. Binding "
+                                                  "failed with the error:\nmissing a required argument: 'y'")):
         f(0.5)
 
 
@@ -414,7 +442,8 @@ def test_a_tracer_closed_over_or_passed_undifferentiated_works_on_ours():  # tes
 def test_a_keyword_only_argument_cannot_be_placed(make):  # test_resolve_kwargs
     f = make()(lambda x, y, *, z=None: x + y)
     f.defvjp(lambda x, y, z=None: (x + y, None), lambda _, ct: (ct, ct))
-    with pytest.raises(TypeError, match="could not be resolved to positions"):
+    with pytest.raises(TypeError, match=r"function <lambda> could not be resolved to positional-only arguments.*\n"
+                                        r"The following keyword arguments could not be resolved to positions: z"):
         f(0.5, 0.1, z=1.0)
 
 

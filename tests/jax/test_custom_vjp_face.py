@@ -76,45 +76,66 @@ def test_a_method_takes_its_instance_as_a_non_differentiated_argument():
     assert float(jax.jvp(Scaler(3.0), (1.0,), (1.0,))[1]) == 6.0  # the bwd's 2·scale, not autodiff's scale
 
 
-def _recording_perturbed(make):
-    """x·y whose fwd records the perturbed flags it is given; its bwd skips y's cotangent where y is not perturbed,
-    as JAX allows."""
+def _recording_what_jax_knows(make):
+    """A pair (x·y, x) whose fwd records the perturbed flags it is given and whose bwd records which cotangents are
+    symbolic zeros; it skips y's cotangent where y is not perturbed, as JAX allows."""
     seen = []
 
     def fwd(x, y):
-        seen.append((x.perturbed, y.perturbed))
-        return x.value * y.value, (x.value, y.value, y.perturbed)
+        seen.append(("perturbed", x.perturbed, y.perturbed))
+        return (x.value * y.value, x.value), (x.value, y.value, y.perturbed)
 
-    def bwd(residuals, g):
-        assert not isinstance(g, custom_derivatives.SymbolicZero)
+    def bwd(residuals, cotangents):
         x, y, y_perturbed = residuals
-        return g * y, g * x if y_perturbed else None
+        seen.append(("zero", *(isinstance(ct, custom_derivatives.SymbolicZero) for ct in cotangents)))
+        g, h = (jnp.zeros_like(x) if isinstance(ct, custom_derivatives.SymbolicZero) else ct for ct in cotangents)
+        return g * y + h, g * x if y_perturbed else None
 
-    product = make(lambda x, y: x * y)
-    product.defvjp(fwd, bwd, symbolic_zeros=True)
-    return product, seen
+    pair = make(lambda x, y: (x * y, x))
+    pair.defvjp(fwd, bwd, symbolic_zeros=True)
+    return pair, seen
 
 
-def test_symbolic_zeros_gives_fwd_primals_perturbed_as_jax_where_it_can_be_known():
-    """Issue 76: every argument was marked perturbed. Where an argument can never be differentiated (a concrete value,
-    or one vmap batches), it is not perturbed, as JAX says; under jit, where a derivative may be taken later,
-    every argument is (JAX, deciding as it differentiates, may say false there), so a fwd that drops what a
-    non-perturbed argument's cotangent needs never loses a gradient taken after all."""
-    ways = {"grad x": lambda f: jax.grad(f)(2.0, 5.0), "grad y": lambda f: jax.grad(f, 1)(2.0, 5.0),
-            "grad both": lambda f: jax.grad(f, (0, 1))(2.0, 5.0),
-            "vmap(grad x)": lambda f: jax.vmap(jax.grad(f))(jnp.ones(2), jnp.ones(2)),
-            "jvp x": lambda f: jax.jvp(lambda x: f(x, 5.0), (2.0,), (1.0,))[1]}
-    for way, run in ways.items():
-        (ours, mine), (theirs, jaxs) = _recording_perturbed(sgm.custom_vjp), _recording_perturbed(jax.custom_vjp)
-        if way != "jvp x":  # (jax.custom_vjp has no forward mode)
-            assert jax.tree.map(float, jax.tree.map(jnp.sum, run(ours))) == \
-                jax.tree.map(float, jax.tree.map(jnp.sum, run(theirs)))
-            assert set(mine) == set(jaxs), way
-        else:
-            assert float(run(ours)) == 5.0 and set(mine) == {(True, False)}
-    ours, mine = _recording_perturbed(sgm.custom_vjp)
-    assert jax.jit(jax.grad(ours, 1))(2.0, 5.0) == 2.0  # (under jit both perturbed: y's gradient is there)
-    assert set(mine) == {(True, True)}
+SYMBOLIC_ZERO_WAYS = {
+    "grad x": lambda f: jax.grad(lambda x, y: f(x, y)[0])(2.0, 5.0),
+    "grad y": lambda f: jax.grad(lambda x, y: f(x, y)[0], 1)(2.0, 5.0),
+    "grad both, both outputs": lambda f: jax.grad(lambda x, y: sum(f(x, y)), (0, 1))(2.0, 5.0),
+    "jit(grad y)": lambda f: jax.jit(jax.grad(lambda x, y: f(x, y)[0], 1))(2.0, 5.0),
+    "grad(jit) x": lambda f: jax.grad(lambda x, y: jax.jit(f)(x, y)[0])(2.0, 5.0),
+    "jacrev(jit)": lambda f: jax.jacrev(jax.jit(f))(2.0, 5.0),
+    "vmap(grad x)": lambda f: jax.vmap(jax.grad(lambda x, y: f(x, y)[0]))(jnp.ones(2), jnp.ones(2)),
+    "grad of a scan": lambda f: jax.grad(lambda x: jax.lax.scan(lambda c, _: (f(c, 3.0)[0], None), x, None,
+                                                                 length=2)[0])(2.0),
+}
+
+
+@pytest.mark.parametrize("way", SYMBOLIC_ZERO_WAYS)
+def test_symbolic_zeros_gives_fwd_and_bwd_what_jax_gives_them(way):
+    """Issue 76: ours marked every argument perturbed under jit, and never gave the bwd a SymbolicZero, which JAX's
+    own tests assert (7 of them). With symbolic_zeros the call is jax.custom_vjp's, so fwd and bwd see, and the
+    derivatives are, JAX's own, side by side in every nesting."""
+    (ours, mine), (theirs, jaxs) = _recording_what_jax_knows(sgm.custom_vjp), _recording_what_jax_knows(
+        jax.custom_vjp)
+    run = SYMBOLIC_ZERO_WAYS[way]
+    assert jax.tree.map(lambda a: np.asarray(a).tolist(), run(ours)) == \
+        jax.tree.map(lambda a: np.asarray(a).tolist(), run(theirs))
+    assert mine == jaxs and len(mine) > 0
+
+
+@pytest.mark.parametrize("mode", ["jvp", "jit(jvp)", "jacfwd", "linearize", "hessian"])
+def test_symbolic_zeros_forward_mode_raises_naming_it(mode):
+    """The price of JAX's symbolic zeros: they exist only in JAX's reverse mode, so forward mode raises, with
+    jax.custom_vjp's own words first and then the reason, wherever JAX would raise (it used to give forward mode
+    with flags and cotangents that were not JAX's)."""
+    pair = _recording_what_jax_knows(sgm.custom_vjp)[0]
+    first = lambda x: pair(x, 5.0)[0]  # noqa: E731
+    runs = {"jvp": lambda: jax.jvp(first, (2.0,), (1.0,)),
+            "jit(jvp)": lambda: jax.jit(lambda x: jax.jvp(first, (x,), (1.0,)))(2.0),
+            "jacfwd": lambda: jax.jacfwd(first)(2.0), "linearize": lambda: jax.linearize(first, 2.0)[1](1.0),
+            "hessian": lambda: jax.hessian(first)(2.0)}
+    with pytest.raises(TypeError, match=r"can't apply forward-mode autodiff \(jvp\) to a custom_vjp function: the "
+                                        r"bwd of <lambda> .*symbolic_zeros=True"):
+        runs[mode]()
 
 
 def test_a_custom_jvp_inside_fun_is_not_preferred_in_any_mode():
@@ -263,3 +284,88 @@ def test_route_takes_a_dtype_a_function_and_an_int_among_nondiff_argnums_as_the_
     assert route.embedded is not clipped and ("clip" in route.reason) is clipped
     gradient = jax.grad(lambda x: scaled(jnp.float32, jnp.sin, 3, x).sum())(XS)
     np.testing.assert_allclose(gradient, 3.0 * jnp.cos(XS), rtol=1e-6)
+
+
+def _tan_valued_sine(make):
+    """JAX's test_optimize_remat_gh21303: fun is tan, fwd's primal output sin, and the bwd cos·g: which value a
+    call gives shows which function gave it."""
+    f = make(jnp.tan)
+    f.defvjp(lambda x: (jnp.sin(x), (x,)), lambda residuals, g: (jnp.cos(residuals[0]) * g,), optimize_remat=True)
+    return f
+
+
+def test_with_optimize_remat_the_value_is_funs_and_the_derivative_the_bwds():
+    """Issue 76: with optimize_remat, where JAX drops the residuals (a remat's forward pass) its value is fun's; ours
+    gave fwd's there (0.003408 where JAX gives 0.003419). The option promises that the two agree, so ours gives
+    fun's in every call; the derivative is the bwd's, in reverse mode as JAX's and in forward mode."""
+    ours, theirs = _tan_valued_sine(sgm.custom_vjp), _tan_valued_sine(jax.custom_vjp)
+    squared = lambda f: lambda x: jax.remat(f)(x) ** 2  # noqa: E731
+    (mine, my_gradient), (jaxs, jax_gradient) = (jax.value_and_grad(squared(f))(3.2) for f in (ours, theirs))
+    assert float(mine) == float(jaxs) == float(jnp.tan(jnp.float32(3.2)) ** 2)
+    assert float(my_gradient) == pytest.approx(float(jax_gradient), rel=1e-6)
+    assert float(my_gradient) == pytest.approx(2 * np.tan(3.2) * np.cos(3.2), rel=1e-5)  # 2·y·(the bwd's cos)
+    y, tangent = jax.jvp(ours, (3.2,), (1.0,))
+    assert float(y) == float(jnp.tan(jnp.float32(3.2))) and float(tangent) == pytest.approx(np.cos(3.2), rel=1e-6)
+
+
+def _sine_with_a_custom_vmap_fwd(make):
+    """JAX's test_optimize_remat_custom_vmap: a fwd that is a jax.custom_batching.custom_vmap, which JAX cannot
+    differentiate (jax.custom_vjp never differentiates a fwd, but the decorator's order 2 does)."""
+    f = make(lambda x, y: jnp.sin(x) * y)
+
+    @jax.custom_batching.custom_vmap
+    def fwd(x, y):
+        return f(x, y), (jnp.cos(x), jnp.sin(x), y)
+
+    @fwd.def_vmap
+    def fwd_batched(axis_size, in_batched, x, y):
+        del axis_size, in_batched
+        return (f(x, y), (jnp.cos(x), jnp.sin(x), y)), (True, (True, True, True))
+
+    f.defvjp(fwd, lambda residuals, g: (residuals[0] * g * residuals[2], residuals[1] * g))
+    return f
+
+
+def test_a_fwd_jax_cannot_differentiate_gives_first_derivatives_and_refuses_a_second_naming_why():
+    """Issue 76: at the default order=2, the decorator runs fwd at x to differentiate what it saves, and a fwd that
+    JAX cannot differentiate made every derivative raise, first ones included, which need none of it. Such a call is
+    now order 1's: its first derivatives are the bwd's, side by side with jax.custom_vjp's, in forward mode too; a
+    second derivative raises, naming JAX's error."""
+    ours, theirs = _sine_with_a_custom_vmap_fwd(sgm.custom_vjp), _sine_with_a_custom_vmap_fwd(jax.custom_vjp)
+    x, y = jnp.linspace(0.0, 1.0, 5), jnp.linspace(2.0, 5.0, 5)
+    gradients = [jax.jit(jax.vmap(jax.grad(f, (0, 1))))(x, y) for f in (ours, theirs)]
+    for mine, jaxs in zip(*gradients, strict=True):
+        np.testing.assert_allclose(mine, jaxs, rtol=1e-6)
+    np.testing.assert_allclose(gradients[0][0], jnp.cos(x) * y, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.vmap(lambda x, y: jax.jvp(ours, (x, y), (1.0, 0.0))[1]))(x, y),
+                               jnp.cos(x) * y, rtol=1e-6)
+    with pytest.raises(LookupError, match=r"A second derivative through <lambda> would miss the term .* JAX could "
+                                          r"not differentiate <lambda> at its arguments \(ValueError: "
+                                          r"Linearization failed"):
+        jax.jit(jax.vmap(jax.grad(jax.grad(ours))))(x, y)
+
+
+@pytest.mark.parametrize("make", [sgm.custom_vjp, jax.custom_vjp], ids=["stopgrad_math", "jax.custom_vjp"])
+def test_a_bare_cotangent_for_a_custom_node_of_one_leaf(make):
+    """JAX's test_symbolic_zero_custom_vjp_custom_pytree, without symbolic zeros: the bwd gives one array for an
+    argument that is a registered node holding one array, which JAX takes (a leaf stands for a subtree of one
+    leaf); ours called it a cotangent of another structure."""
+
+    @jax.tree_util.register_pytree_node_class
+    class Box:
+        def __init__(self, x):
+            self.x = x
+
+        def tree_flatten(self):
+            return [self.x], None
+
+        @classmethod
+        def tree_unflatten(cls, aux, children):
+            return cls(*children)
+
+    f = make(lambda box, y: box.x * y)
+    f.defvjp(lambda box, y: (box.x * y, (box, y)), lambda res, g: (res[1] * g, res[0].x * g))
+    gradient = jax.grad(f)(Box(jnp.array(72.0)), jnp.array(73.0))
+    assert isinstance(gradient, Box) and float(gradient.x) == 73.0
+    if make is sgm.custom_vjp:
+        assert float(jax.jvp(lambda y: f(Box(jnp.array(72.0)), y), (73.0,), (1.0,))[1]) == 72.0

@@ -862,6 +862,12 @@ def _fwds_value_everywhere(original):
     return lambda fun, args, embedded: embedded
 
 
+def _forward_let_through(original):
+    """JAX's custom_vjp handing a call back to jax.custom_vjp without refusing forward mode first: under jit(jvp),
+    linearize or a scan, the user reads JAX's bare TypeError, naming neither the bwd nor why (issue 76)."""
+    return lambda value, message: value
+
+
 def _no_draw_seen(original):
     """PyTorch's compiled proof blind to a draw in f (issue 76): its registered graphs hold f's ops and draw again
     when the derivative runs, so the gradient is another draw's than the value's."""
@@ -921,6 +927,10 @@ MUTANTS = {
         "stopgrad_math.jax.custom_vjp_face", "_valued_as_jax_values_it", _fwds_value_everywhere,
         ("tests/jax/test_custom_vjp_face.py::test_the_value_is_funs_where_nothing_differentiates_and_fwds_where_"
          "something_does",)),
+    "JAX's custom_vjp hands a call back with forward mode unnamed": Mutant(
+        "stopgrad_math.jax.forward_refusal", "refusing_forward", _forward_let_through,
+        ("tests/jax/test_custom_vjp_cases.py::test_a_bwd_jax_would_refuse_makes_forward_mode_name_it",
+         "tests/jax/test_custom_vjp_face.py::test_symbolic_zeros_forward_mode_raises_naming_it[jit(jvp)]")),
     "PyTorch's compiled proof draws f's noise again": Mutant(
         "stopgrad_math.torch.aten_graphs", "drawn_op", _no_draw_seen,
         ("tests/torch/test_random_draws.py::test_compiled_reverse_mode_is_the_values_draws",
