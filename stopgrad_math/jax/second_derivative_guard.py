@@ -9,8 +9,11 @@ tangent is ``dv · fence(watched)``, where ``fence`` is 1 in value and
 ``watched`` are the arguments and what the VJP closes over. A first derivative
 evaluates the fence on plain values; a second one, an outer ``jvp`` whose
 tangent reaches an argument or a closed-over value, differentiates the
-fence, and its rule raises a ``LookupError`` naming ``order=2``. At
-``order=2`` the fence is two deep: the third derivative raises.
+fence, whose tangent then raises a ``LookupError`` naming ``order=2`` where
+it is used: forward mode evaluates it, reverse mode raises where a
+cotangent reaches it, so a gradient taken inside and dropped (the value
+alone of a ``value_and_grad``) raises nothing. At ``order=2`` the fence is
+two deep: the third derivative raises.
 
 The fence and the guard are primitives, not ``jax.custom_jvp``: JAX inlines a
 ``custom_jvp`` without its rule where it partially evaluates a function with
@@ -47,10 +50,11 @@ def _one(*operands: Any, **params: Any) -> jax.Array:
 
 def _fence_jvp(primals: list[Any], tangents: list[Any], *, depth: int, message: str,
                error: type[Exception]) -> tuple[Any, Any]:
-    if any(type(t) is not ad.Zero for t in tangents):  # something watched moves: a derivative one level deeper
-        if depth <= 1:
-            raise _made(error, message)
-        depth -= 1
+    moving = [t for t in tangents if type(t) is not ad.Zero]
+    if moving and depth <= 1:  # a derivative one level too deep: its tangent raises where it is used
+        return (_fence_p.bind(*primals, depth=depth, message=message, error=error),
+                _beyond_p.bind(*moving, message=message, error=error))
+    depth -= 1 if moving else 0  # (something watched moves: a derivative one level deeper)
     return _fence_p.bind(*primals, depth=depth, message=message, error=error), jnp.zeros((), jnp.float32)
 
 
@@ -67,6 +71,40 @@ def _fence_batch(args: list[Any], dims: list[Any], *, depth: int, message: str,
     del dims  # one fence for the whole batch: it is 1 for every example
     return _fence_p.bind(*args, depth=depth, message=message, error=error), None  # None: not mapped
 
+
+# The fence's tangent one level beyond its depth: 0.0 in type, and the error wherever the derivative is used.
+# Forward mode evaluates it (eagerly, or where jit compiles it): it raises there. Reverse mode transposes it: it
+# raises where a cotangent reaches it, and a derivative nothing reads (the gradient a value_and_grad inside the
+# function takes and drops, whose value alone is used) gets a symbolic zero there and raises nothing.
+_beyond_p = core.Primitive("stopgrad_math_beyond_order")
+
+
+def _beyond_raises(*operands: Any, message: str, error: type[Exception]) -> Any:
+    raise _made(error, message)
+
+
+def _beyond_jvp(primals: list[Any], tangents: list[Any], *, message: str, error: type[Exception]) -> tuple[Any, Any]:
+    return _beyond_p.bind(*primals, message=message, error=error), jnp.zeros((), jnp.float32)
+
+
+def _beyond_transpose(ct: Any, *operands: Any, message: str, error: type[Exception]) -> list[Any]:
+    if type(ct) is not ad.Zero:
+        raise _made(error, message)
+    return [None] * len(operands)
+
+
+def _beyond_batch(args: list[Any], dims: list[Any], *, message: str, error: type[Exception]) -> tuple[Any, Any]:
+    del dims
+    return _beyond_p.bind(*args, message=message, error=error), None
+
+
+_beyond_p.def_impl(_beyond_raises)
+_beyond_p.def_abstract_eval(lambda *operands, message, error: jax.core.ShapedArray((), jnp.float32))
+ad.primitive_jvps[_beyond_p] = _beyond_jvp
+ad.primitive_transposes[_beyond_p] = _beyond_transpose
+batching.primitive_batchers[_beyond_p] = _beyond_batch
+identity.checked_by_shard_map(_beyond_p, constant=True)
+mlir.register_lowering(_beyond_p, _beyond_raises)
 
 _fence_p.def_impl(_one)
 _fence_p.def_abstract_eval(lambda *watched, depth, message, error: jax.core.ShapedArray((), jnp.float32))

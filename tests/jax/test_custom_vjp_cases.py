@@ -543,7 +543,26 @@ def test_a_derivative_of_a_function_that_takes_a_grad_raises_at_order_1():  # te
     with pytest.raises(LookupError, match=SECOND_DERIVATIVE_AT_ORDER_1):
         outer_variable_in_bwd(order=1)
     close(outer_variable_in_bwd(order=2), -2 * np.sin(4.0))
-    f = _ours()(lambda x: jnp.cos(2 * x) / 2.0)  # the gradient is computed and dropped: still a vjp differentiated
+    f = _ours()(lambda x: jnp.cos(2 * x) / 2.0)
     f.defvjp(lambda x: (jnp.cos(2 * x) / 2.0, None), lambda _, ct: (3 * ct,))
-    with pytest.raises(LookupError, match=SECOND_DERIVATIVE_AT_ORDER_1):
-        jax.grad(lambda x: jax.value_and_grad(f)(x)[0])(1.0)
+    with pytest.raises(LookupError, match=SECOND_DERIVATIVE_AT_ORDER_1):  # the gradient taken inside is used
+        jax.grad(lambda x: jax.value_and_grad(f)(x)[1])(1.0)
+    with pytest.raises(LookupError, match=SECOND_DERIVATIVE_AT_ORDER_1):  # the limit: forward mode evaluates all
+        jax.jvp(lambda x: jax.value_and_grad(f)(x)[0], (1.0,), (1.0,))
+
+
+def test_a_gradient_taken_inside_and_dropped_is_not_a_second_derivative():  # test_invariance
+    """The gradient computed and dropped inside (a value_and_grad whose value alone is used) is not differentiated,
+    and a first derivative through it is the bwd's, at order=1 and, three levels deep, at order=2: ours raised,
+    as its guard raised where the tangent was formed; it now raises where the tangent is used (reverse mode
+    transposes it, and nothing reaches it). Side by side with jax.custom_vjp, whose fwd calls f, as in JAX's case
+    (where fwd computes the value itself, custom_vjp differentiates fwd at the outer level, and ours keeps the
+    declared derivative: test_where_fwds_output_is_read_again_...)."""
+    for make, order in ((_theirs, 2), (_ours, 1), (_ours, 2)):
+        f = make(order=order)(lambda x: jnp.cos(2 * x) / 2.0)
+        f.defvjp(lambda x, f=f: (f(x), None), lambda _, ct: (3 * ct,))
+        value = lambda g: lambda x: jax.value_and_grad(g)(x)[0]  # noqa: E731
+        levels = [value(f)] if order == 1 else [value(f), value(value(f))]
+        for g in levels:
+            assert float(jax.grad(g)(1.0)) == 3.0 and float(jax.jit(jax.grad(g))(1.0)) == 3.0
+            assert float(jax.grad(_in_a_scan(g))(1.0)) == 3.0
