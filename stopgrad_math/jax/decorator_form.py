@@ -55,7 +55,7 @@ from stopgrad_math.jax import identity, linear_primitives, second_derivative_gua
 from stopgrad_math.jax.vjp_conventions import Leaves, argument_cotangents, call_f, is_differentiable, name_of
 from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.shared import bounded_cache, linearity, nesting
-from stopgrad_math.shared.arguments import BEYOND_ORDER
+from stopgrad_math.shared.arguments import BEYOND_ORDER, undifferentiable
 from stopgrad_math.shared.layouts import Layout
 from stopgrad_math.shared.linearity import NotEmbeddable, State
 
@@ -297,14 +297,8 @@ def _evaluated(f: Callable[..., Any], leaves: Leaves, stopped: dict[int, jax.Arr
         vjp = call_f(f, leaves.with_values({}), kwargs)[1]
     except Exception as error:
         y, vjp = call_f(f, leaves.with_values(stopped), kwargs)
-        return y, vjp, UNDIFFERENTIABLE.format(name=name_of(f), error=f"{type(error).__name__}: {error}")
+        return y, vjp, undifferentiable("JAX", error).format(name=name_of(f))
     return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, None
-
-
-UNDIFFERENTIABLE = (
-    "A second derivative through {name} would miss the term through its vjp's own dependence on the arguments: "
-    "JAX could not differentiate {name} at its arguments ({error}). Its first derivatives are exact, as at "
-    "order=1; they need none of it.")
 
 
 def differentiating(args: Any, kwargs: dict[str, Any]) -> bool:

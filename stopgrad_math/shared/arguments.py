@@ -75,6 +75,15 @@ BEYOND_ORDER = {
 }
 
 
+def undifferentiable(framework: str, error: BaseException) -> str:
+    """What a second derivative raises where ``order=2`` could not run f on the arguments it differentiates (``error``)
+    and the call is order 1's: a template of ``{name}``, as ``BEYOND_ORDER``'s."""
+    told = f"{type(error).__name__}: {error}".replace("{", "{{").replace("}", "}}")
+    return ("A second derivative through {name} would miss the term through its vjp's own dependence on the "
+            f"arguments: {framework} could not run {{name}} on arguments it differentiates ({told}), as order=2 "
+            "does for it. Its first derivatives are exact, as at order=1: they need none of that.")
+
+
 def check_options(order: Any, check_linearity: Any) -> None:
     """The decorator's options, checked when they are given (not when the decorated function first runs)."""
     if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order not in (1, 2):

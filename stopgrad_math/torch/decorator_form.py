@@ -125,10 +125,11 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     leaves = Leaves.of_arguments(args, names)
     if not leaves.differentiable:
         return call_f(f, args, kwargs)[0]
-    y, vjp, watch = evaluation.evaluated(f, leaves, kwargs, order)
+    y, vjp, watch, undifferentiable = evaluation.evaluated(f, leaves, kwargs, order)
     outputs = Leaves.of(y, "y")
     if not outputs.differentiable:
         return y
+    order = 1 if undifferentiable else order
     cotangents = tracing.Cotangents(f, names, leaves, outputs, order)
     proof = _proven_call(cotangents, vjp, kwargs, watch, fallback is not None)
     if isinstance(proof, str):
@@ -140,7 +141,8 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0
                     for x in leaves.tensors()), torch.zeros(()))
         return outputs.with_values({k: identity.attach(outputs.values[k], [zero]) for k in outputs.differentiable})
-    why = unrecorded.UNRECORDED if embedded_at < order else None  # (a second derivative raises, saying why)
+    why = undifferentiable or (unrecorded.UNRECORDED if embedded_at < order else None)  # (said by a second
+    # derivative, which raises)
     return _attached(linear, outputs, xs, closed_over, transposed, alone, name, embedded_at, guard, why)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from stopgrad_math.shared.arguments import call_f, name_of
+from stopgrad_math.shared.arguments import call_f, name_of, undifferentiable
 from stopgrad_math.torch import (
     eager_fast_path,
     identity,
@@ -39,13 +39,15 @@ def differentiating(args: Sequence[Any]) -> bool:
 
 
 def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
-              order: int) -> tuple[Any, Any, unrecorded.Watch | None]:
+              order: int) -> tuple[Any, Any, unrecorded.Watch | None, str | None]:
     """f's ``(y, vjp)``: y at stop(x); the VJP at stop(x) (order 1: what it closes over is stopped when it is
     embedded), or at x (order 2, eagerly and under torch.func), watched where reverse mode may differentiate it
     (``unrecorded``: a watch of what f computed without grad mode; else None). At order 2 f runs once where the
     watch saw it read nothing else that requires grad (y detached is then y at stop(x)), else again at stop(x),
     replaying the first call's draws. Compiled, and at order 2 under one torch.func derivative alone, the VJP at
-    stop(x) as at order 1."""
+    stop(x) as at order 1. The last element: None, or, where f cannot run at x (a forward that calls ``.numpy()``
+    on its input, as a Function's forward may, whose input never requires grad there), what a second derivative
+    raises (``undifferentiable``): f is then run at stop(x), as at order 1."""
     stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     # Compiled, the proof's graphs compute J from the arguments (``compiled_graphs.Registered``). Under a jvp, or a grad
     # or vjp, transform alone (``eager_fast_path.forward_transforms_alone``, ``reverse_transforms_alone``: nothing under
@@ -54,23 +56,33 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     tensors = leaves.tensors()
     if order == 1 or identity.compiling() or eager_fast_path.forward_transforms_alone(tensors) \
             or eager_fast_path.reverse_transforms_alone(tensors):
-        return (*call_f(f, leaves.with_values(stopped), kwargs), None)
+        return (*call_f(f, leaves.with_values(stopped), kwargs), None, None)
     moving = [leaves.values[k] for k in leaves.differentiable]
     reverse = any(x.requires_grad for x in moving)  # (the watch's lost tensors matter to reverse mode alone)
     drawn = _random_states()
     if reverse or any(unrecorded.moves(x) for x in moving):
         versions = _versions(leaves)
         followed = unrecorded.Watch(moving)
-        with followed:
-            y, vjp = call_f(f, leaves.with_values({}), kwargs)
+        try:
+            with followed:
+                y, vjp = call_f(f, leaves.with_values({}), kwargs)
+        except Exception as error:  # (f's own errors are raised again by its call at stop(x))
+            return _at_order_1(f, leaves, stopped, kwargs, drawn, error)
         _refuse_a_change_in_place(f, leaves, versions)
         watch = followed if reverse else None
         if not followed.reads_outside:  # y depends on the arguments alone: its value at stop(x), no second call
-            return _detached(y), vjp, watch
+            return _detached(y), vjp, watch, None
     else:
         watch, vjp = None, call_f(f, leaves.with_values({}), kwargs)[1]  # (nothing moves: no change to refuse)
     _random_states(drawn)  # the second call draws what the first drew: y and the VJP's residuals agree
-    return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch
+    return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch, None
+
+
+def _at_order_1(f: Callable[..., Any], leaves: Leaves, stopped: dict[int, Any], kwargs: dict[str, Any], drawn: Any,
+                error: Exception) -> tuple[Any, Any, None, str]:
+    """``evaluated`` where f could not run at x: f at stop(x), as at order 1, and what a second derivative raises."""
+    _random_states(drawn)
+    return (*call_f(f, leaves.with_values(stopped), kwargs), None, undifferentiable("PyTorch", error))
 
 
 def _versions(leaves: Leaves) -> dict[int, int]:

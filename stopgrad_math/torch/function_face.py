@@ -143,7 +143,9 @@ class Function:
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
         """The forward's output, differentiable through the backward in every mode."""
-        args = cls._stopgrad_math_forward.bound(cls.__name__, args, kwargs)
+        args, keywords = cls._stopgrad_math_forward.bound(cls.__name__, args, kwargs)
+        if keywords:  # (given to keyword-only parameters, which PyTorch passes on and gives no gradient)
+            return _fallen_back(cls, args, _keyword_only(cls, keywords), keywords)
         if not evaluation.differentiating(args) and not cls._stopgrad_math_forward.marks_dirty:
             return _forward_alone(cls, args)  # nothing can differentiate it: no route, no proof, no VJP
         return _applied(cls, args, _route(cls, args))
@@ -152,7 +154,9 @@ class Function:
     def route(cls, *args: Any, **kwargs: Any) -> Route:
         """Whether a call on these arguments embeds the backward (``Route.embedded``), or runs as a
         ``torch.autograd.Function`` (its reason): the arguments are taken as if each floating tensor required grad."""
-        args = cls._stopgrad_math_forward.bound(cls.__name__, args, kwargs)
+        args, keywords = cls._stopgrad_math_forward.bound(cls.__name__, args, kwargs)
+        if keywords:
+            return _keyword_only(cls, keywords)
         asked = tuple(a.detach().requires_grad_() if _differentiable(a) else a for a in args)
         found: list[str] = []
         with torch.enable_grad():
@@ -180,8 +184,8 @@ class _Forward:
     @classmethod
     def of(cls, function: type[Function]) -> _Forward:
         forward = function.forward
-        code = getattr(inspect.unwrap(getattr(forward, "__func__", forward)), "__code__", None)
-        marks_dirty = code is not None and "mark_dirty" in code.co_names
+        marks_dirty = any("mark_dirty" in _names_read(method) for method in (
+            forward, function.setup_context if _has_setup_context(function) else None))
         try:
             signature = inspect.signature(forward)
         except (TypeError, ValueError):
@@ -193,17 +197,16 @@ class _Forward:
         return cls(signature.replace(parameters=parameters), tuple(p.name for p in parameters) if plain else None,
                    {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}, marks_dirty)
 
-    def bound(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """The arguments by position, with the forward's defaults, as ``torch.autograd.Function.apply`` binds them."""
+    def bound(self, name: str, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments by position, with the forward's defaults, and those given to keyword-only parameters, as
+        ``torch.autograd.Function.apply`` binds them."""
         if self.signature is None or (len(kwargs) == 0 and len(self.defaults) == 0):
-            return args
+            return args, {}
         if self.names is None:
             bound = self.signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            if bound.kwargs:
-                raise TypeError(f"{name}.apply: keyword-only arguments of forward ({', '.join(bound.kwargs)}) "
-                                "cannot be given cotangents by position.")
-            return tuple(bound.args)
+            return tuple(bound.args), dict(bound.kwargs)
         for keyword in kwargs:
             if keyword not in self.names[len(args):]:
                 raise TypeError(f"{name}.forward got an unexpected or repeated argument {keyword!r}")
@@ -212,7 +215,21 @@ class _Forward:
             if parameter not in kwargs and parameter not in self.defaults:
                 raise TypeError(f"{name}.forward is missing a required argument: {parameter!r}")
             values.append(kwargs[parameter] if parameter in kwargs else self.defaults[parameter])
-        return tuple(values)
+        return tuple(values), {}
+
+
+def _names_read(method: Any) -> tuple[str, ...]:
+    """The global and attribute names a method's code reads (none where it has no Python code)."""
+    code = getattr(inspect.unwrap(getattr(method, "__func__", method)), "__code__", None)
+    return () if code is None else code.co_names
+
+
+KEYWORD_ONLY = ("{name}.forward is given keyword-only arguments ({names}), which torch.autograd.Function passes on "
+                "and gives no gradient, and the decorator's f, whose cotangents are by position, cannot take")
+
+
+def _keyword_only(cls: type[Function], keywords: dict[str, Any]) -> Route:
+    return Route(embedded=False, reason=KEYWORD_ONLY.format(name=cls.__name__, names=", ".join(keywords)))
 
 
 def _differentiable(value: Any) -> bool:
@@ -297,7 +314,8 @@ def _applied(cls: type[Function], args: tuple[Any, ...], route: Route) -> Any:
     return _embedded(cls, args, fallback)
 
 
-def _fallen_back(cls: type[Function], args: tuple[Any, ...], route: Route) -> Any:
+def _fallen_back(cls: type[Function], args: tuple[Any, ...], route: Route,
+                 keywords: dict[str, Any] | None = None) -> Any:
     """The call run by a ``torch.autograd.Function`` of the class's methods: PyTorch's reverse mode; forward mode
     raises, naming ``route.reason``."""
     compiled, eager = cls._stopgrad_math_fallbacks
@@ -315,14 +333,14 @@ def _fallen_back(cls: type[Function], args: tuple[Any, ...], route: Route) -> An
                             "forward mode of a Function without a jvp as its forward's own derivative, dropping "
                             "its backward without a word, where eagerly it raises: take forward mode outside the "
                             "compiled function, or make the backward embeddable.")
-        return compiled.apply(*args)  # type: ignore[no-untyped-call]
+        return compiled.apply(*args, **(keywords or {}))  # type: ignore[no-untyped-call]
     # (a class with rules of its own runs as PyTorch runs it, and meets PyTorch's own error there)
     if second_derivative_guard.in_transform() and not _has_setup_context(cls) and not cls._stopgrad_math_own_rules:
         raise RuntimeError(f"{cls.__name__} runs as a torch.autograd.Function here, since stopgrad_math cannot embed "
                            f"its backward ({route.reason}), and under torch.func transforms PyTorch takes a Function "
                            "whose forward has no ctx and which defines setup_context.")
     _REASONS.value = route.reason
-    return eager.apply(*args)  # type: ignore[no-untyped-call]
+    return eager.apply(*args, **(keywords or {}))  # type: ignore[no-untyped-call]
 
 
 class _Reasons(threading.local):
@@ -368,6 +386,8 @@ def _embedded(cls: type[Function], args: tuple[Any, ...], fallback: Callable[[st
     try:
         result = decorator_form.call_or_fall_back(cls._stopgrad_math_f, (*args, _needs_input_grad(args)), cls.order,
                                                   fallback)
+    except _ForwardOnWrappers as error:
+        return _on_wrappers(cls, args, error)
     finally:  # left empty between calls: compiled code that reads it is guarded on it as it was when compiled
         _MARKED.frames.pop()
     if len(marked) == 0:
@@ -391,14 +411,43 @@ _MARKED = _Marked()
 
 
 def _forward(cls: type[Function], inputs: tuple[Any, ...], needs: tuple[bool, ...]) -> tuple[FunctionContext, Any]:
-    """The forward run with a new ctx (and ``setup_context`` where the class defines it), as PyTorch runs it."""
+    """The forward run with a new ctx (and ``setup_context`` where the class defines it), as PyTorch runs it; under
+    a torch.func transform, its error as ``_ForwardOnWrappers``."""
     ctx = FunctionContext(needs)
-    if _has_setup_context(cls):
-        output = cls.forward(*inputs)
-        cls.setup_context(ctx, inputs, output)
-    else:
-        output = cls.forward(ctx, *inputs)
+    try:
+        if _has_setup_context(cls):
+            output = cls.forward(*inputs)
+            cls.setup_context(ctx, inputs, output)
+        else:
+            output = cls.forward(ctx, *inputs)
+    except Exception as error:
+        if second_derivative_guard.in_transform() and not identity.compiling():
+            raise _ForwardOnWrappers(error) from error
+        raise
     return ctx, output
+
+
+class _ForwardOnWrappers(Exception):
+    """A forward that fails on the tensors of a torch.func transform (``.numpy()`` of its input, as PyTorch's own
+    NumpySort does), which the decorator hands it and ``torch.autograd.Function`` never does: it unwraps them."""
+
+
+FORWARD_ON_WRAPPERS = ("{name}.forward could not run on the tensors of a torch.func transform ({error}), which the "
+                       "decorator differentiates and torch.autograd.Function unwraps")
+
+
+def _on_wrappers(cls: type[Function], args: tuple[Any, ...], error: _ForwardOnWrappers) -> Any:
+    """The call whose forward failed under a torch.func transform: as ``torch.autograd.Function`` runs it (not kept as
+    a fall-back: outside transforms the forward runs); under vmap, which would batch that forward, PyTorch's error
+    for a Function without vmap support, with the reason."""
+    cause = error.__cause__ or error
+    reason = FORWARD_ON_WRAPPERS.format(name=cls.__name__, error=f"{type(cause).__name__}: {cause}")
+    levels = torch._C._functorch.get_interpreter_stack() or []
+    if any(level.key() == torch._C._functorch.TransformType.Vmap for level in levels):
+        raise RuntimeError(f"You tried to vmap over {cls.__name__}, but it does not have vmap support. Please override "
+                           "and implement the vmap staticmethod or set generate_vmap_rule=True. For more details, "
+                           f"please see https://pytorch.org/docs/main/notes/extending.func.html ({reason}.)") from cause
+    return _fallen_back(cls, args, Route(embedded=False, reason=reason))
 
 
 def _forward_alone(cls: type[Function], args: tuple[Any, ...]) -> Any:

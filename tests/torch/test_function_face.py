@@ -880,3 +880,125 @@ def test_a_gradient_pytorch_sums_to_its_inputs_shape_is_summed_and_another_refus
         errors.append(str(raised.value))
     assert errors[0] == errors[1] == ("Function WrongShapeBackward returned an invalid gradient at index 0 - got "
                                       "[1, 1] but expected shape compatible with [2, 3]")
+
+
+# ---------------------------------------------------------------- classes the decorator could not run (issue 76)
+
+
+class ReturnsItsInputDirty(torch.autograd.Function):
+    """functorch's test_function_returns_input, mark_dirty in setup_context: the input changed in place (by 0) and
+    returned as it is, with a jvp of its own."""
+
+    @staticmethod
+    def forward(x):
+        return x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_dirty(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+    @staticmethod
+    def jvp(ctx, t):
+        return t.add_(0)
+
+
+def test_mark_dirty_in_setup_context_runs_as_pytorch_runs_it():
+    """It raised NotImplementedError from the port's ctx (6 of functorch's cases): mark_dirty was looked for in
+    forward alone. The class now runs as a torch.autograd.Function, returning its very input, with PyTorch's
+    gradients and its own jvp, and route names mark_dirty."""
+    port = ported(ReturnsItsInputDirty, order=2)
+    for function in (ReturnsItsInputDirty, port):
+        a = torch.tensor(2.0).clone()
+        assert function.apply(a) is a
+        assert float(torch.func.grad(lambda x, f=function: f.apply(x.clone()))(torch.tensor(2.0))) == 1.0
+        assert float(torch.func.jvp(lambda x, f=function: f.apply(x.clone()), (torch.tensor(2.0),),
+                                    (torch.tensor(3.0),))[1]) == 3.0
+    assert "mark_dirty" in port.route(torch.tensor(2.0)).reason
+
+
+class KeywordOnlyShift(torch.autograd.Function):
+    """x + shift, shift a keyword-only argument of forward."""
+
+    @staticmethod
+    def forward(x, *, shift):
+        return x + shift
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g
+
+
+def test_a_keyword_only_argument_meets_pytorchs_own_errors():
+    """functorch's test_kwarg_only_tensors: the port raised a TypeError of its own where the class is called; it now
+    runs as a torch.autograd.Function, which takes the call and meets PyTorch's errors, word for word: vmap's
+    NotImplementedError, and the one a plain call meets (torch.autograd.Function passes no keyword to forward
+    there); route names the argument."""
+    port = ported(KeywordOnlyShift, order=2)
+    for function in (KeywordOnlyShift, port):
+        with pytest.raises(NotImplementedError, match=r"Run vmap on autograd\.Function with kwarg-only Tensor args"):
+            torch.func.vmap(lambda x, f=function: f.apply(x, shift=torch.ones(3)))(torch.ones(2, 3))
+        with pytest.raises(TypeError, match="forward\\(\\) got an unexpected keyword argument 'shift'"):
+            function.apply(torch.ones(3, requires_grad=True), shift=torch.ones(3))
+    assert "keyword-only arguments (shift)" in port.route(torch.ones(3), shift=torch.ones(3)).reason
+
+
+class NumpySorted(torch.autograd.Function):
+    """A sort in NumPy, as PyTorch's extending.func notes write one: the forward reads the input's values in NumPy,
+    and the backward, linear, sends each cotangent back through the inverse permutation."""
+
+    @staticmethod
+    def forward(x):
+        order = x.cpu().numpy().argsort()
+        return torch.as_tensor(x.cpu().numpy()[order]), torch.as_tensor(order.argsort())
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1])
+
+    @staticmethod
+    def backward(ctx, g, _):
+        (inverse,) = ctx.saved_tensors
+        return g[inverse]
+
+
+X_UNSORTED = torch.tensor([0.3, -1.2, 2.0, 0.7])
+W = torch.tensor([1.0, 10.0, 100.0, 1000.0])
+INVERSE = X_UNSORTED.argsort().argsort()
+
+
+def test_a_forward_in_numpy_runs_in_every_mode_pytorch_has_and_the_port_adds_eager_forward_mode():
+    """PyTorch runs a Function's forward on plain tensors; the port ran it on tensors that require grad (order=2
+    runs f at x) or on torch.func's wrappers, where ``.numpy()`` raises (functorch's
+    test_once_differentiable_autograd_vjp, test_no_vmap_staticmethod_and_no_generate_vmap_rule). Eagerly the call
+    is now order 1's: gradient as PyTorch's, forward mode too (from the backward), and a second derivative raises
+    naming the NumPy error; under torch.func the class runs as PyTorch runs it, and vmap raises PyTorch's error for
+    a Function without vmap support, with the reason."""
+    port = ported(NumpySorted, order=2)
+    weighted = lambda f: lambda x: (f.apply(x)[0] * W).sum()  # noqa: E731
+    for function in (NumpySorted, port):
+        x = X_UNSORTED.clone().requires_grad_()
+        weighted(function)(x).backward()
+        assert torch.equal(x.grad, W[INVERSE])
+        assert torch.equal(torch.func.grad(weighted(function))(X_UNSORTED), W[INVERSE])
+        assert torch.equal(torch.func.jacrev(lambda x, f=function: f.apply(x)[0])(X_UNSORTED),
+                           torch.eye(4)[X_UNSORTED.argsort()])
+    with forward_ad.dual_level():
+        tangent = forward_ad.unpack_dual(port.apply(forward_ad.make_dual(X_UNSORTED, W))[0]).tangent
+    assert torch.equal(tangent, W[X_UNSORTED.argsort()])  # (PyTorch's mechanism has no jvp here)
+    x = X_UNSORTED.clone().requires_grad_()
+    (g,) = torch.autograd.grad(weighted(port)(x), x, create_graph=True)
+    with pytest.raises(LookupError, match=r"PyTorch could not run NumpySorted on arguments it differentiates "
+                                          r"\(RuntimeError: Can't call numpy\(\) on Tensor that requires grad"):
+        torch.autograd.grad(g.sum() * x.sum(), x)
+    with pytest.raises(RuntimeError, match=r"You tried to vmap over NumpySorted, but it does not have vmap support"
+                                           r".*NumpySorted.forward could not run on the tensors of a torch.func"):
+        torch.func.vmap(lambda x: port.apply(x)[0])(X_UNSORTED.expand(2, 4))
