@@ -81,7 +81,7 @@ def kept(state: Judged, name: str, label: str, value: Any, differentiable: bool,
     if state is State.CONST:
         raise NotEmbeddable(f"The vjp of {name} returns a cotangent for {label} that does not depend on the cotangent "
                          "of y and is not provably zero: an affine map, not a VJP.")
-    if state is State.LINEAR and not differentiable:
-        raise ValueError(f"The vjp of {name} returns a cotangent for {label}, which is not differentiable "
+    if state is State.LINEAR and not differentiable:  # (a drop-in's mechanism raises its own error, where it does)
+        raise NotEmbeddable(f"The vjp of {name} returns a cotangent for {label}, which is not differentiable "
                          f"({getattr(value, 'dtype', type(value).__name__)}): it would be lost. Return None for it.")
     return state is State.LINEAR

@@ -1002,3 +1002,34 @@ def test_a_forward_in_numpy_runs_in_every_mode_pytorch_has_and_the_port_adds_eag
     with pytest.raises(RuntimeError, match=r"You tried to vmap over NumpySorted, but it does not have vmap support"
                                            r".*NumpySorted.forward could not run on the tensors of a torch.func"):
         torch.func.vmap(lambda x: port.apply(x)[0])(X_UNSORTED.expand(2, 4))
+
+
+class GradientForAModule(torch.autograd.Function):
+    """Dynamo's test_nn_module_dataclasses_as_io: a backward that returns a gradient for a module argument too."""
+
+    @staticmethod
+    def forward(ctx, module, x):
+        return module.weight.sum() * x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 4, g * 2
+
+
+def test_a_gradient_for_an_argument_that_is_no_tensor_is_pytorchs_business():
+    """The port raised a ValueError of its own at the forward call, a plain one included, where PyTorch raises in
+    the backward pass, and torch.compile's Function drops the gradient: it now runs as PyTorch runs it, eagerly
+    and compiled, side by side."""
+    module = torch.nn.Linear(1, 1, bias=False)
+    port = ported(GradientForAModule, order=2)
+    for function in (GradientForAModule, port):
+        x = torch.ones(3, requires_grad=True)
+        y = function.apply(module, x)
+        assert torch.equal(y.detach(), module.weight.detach().sum() * torch.ones(3))
+        with pytest.raises(RuntimeError, match="returned a gradient different than None at position 1, but the "
+                                               "corresponding forward input was not a Variable"):
+            y.sum().backward()
+        x = torch.ones(3, requires_grad=True)
+        torch.compile(lambda x, f=function: f.apply(module, x), backend="aot_eager", fullgraph=True)(x).sum().backward()
+        assert torch.equal(x.grad, torch.full((3,), 2.0))
+    assert "not differentiable" in port.route(module, torch.ones(3)).reason
