@@ -38,6 +38,7 @@ class Leaves:
     structure: Any  # pytree.TreeSpec
     differentiable: list[int]
     layout: tuple[Any, ...] | None = None  # the structure as a key where it is known without hashing the TreeSpec
+    given: tuple[Any, ...] | None = None  # the arguments themselves, where they are containers (``with_values``)
 
     @classmethod
     def of_arguments(cls, args: tuple[Any, ...], names: list[str]) -> Leaves:
@@ -55,7 +56,8 @@ class Leaves:
                     values.append(argument)
             structure = _made_structure(layout) if identity.compiling() else _flat_structure(layout)
             return cls.labelled(labels, values, structure, layout)
-        return cls.of(list(args), "", lambda path: f"{names[path[0].idx]}{pytree.keystr(path[1:])}")
+        leaves = cls.of(list(args), "", lambda path: f"{names[path[0].idx]}{pytree.keystr(path[1:])}")
+        return dataclasses.replace(leaves, given=args)
 
     @classmethod
     def of(cls, tree: Any, prefix: str, label: Callable[[Any], str] | None = None) -> Leaves:
@@ -87,7 +89,18 @@ class Leaves:
                 rebuilt.append(values[start] if n is None else tuple(values[start:start + n]))
                 start += 1 if n is None else n
             return rebuilt
-        return pytree.tree_unflatten(values, self.structure)
+        arguments = pytree.tree_unflatten(values, self.structure)
+        return arguments if self.given is None else self._given_where_kept(arguments, replaced)
+
+    def _given_where_kept(self, arguments: list[Any], replaced: dict[int, Any]) -> list[Any]:
+        """Each argument none of whose leaves is replaced as it was given, the very object: a list that f appends to
+        (as a Function's forward may, to report what it computed) is the caller's, as PyTorch passes it."""
+        start = 0
+        for k, spec in enumerate(self.structure.children_specs):
+            if not any(start <= j < start + spec.num_leaves for j in replaced):
+                arguments[k] = self.given[k]  # type: ignore[index]
+            start += spec.num_leaves
+        return arguments
 
     def described(self) -> Callable[[], Leaves]:
         """A maker of the same leaves with each tensor a plain stand-in of its shape and dtype (``stand_in``):

@@ -1033,3 +1033,39 @@ def test_a_gradient_for_an_argument_that_is_no_tensor_is_pytorchs_business():
         torch.compile(lambda x, f=function: f.apply(module, x), backend="aot_eager", fullgraph=True)(x).sum().backward()
         assert torch.equal(x.grad, torch.full((3,), 2.0))
     assert "not differentiable" in port.route(module, torch.ones(3)).reason
+
+
+class ReportsItsSine(torch.autograd.Function):
+    """Dynamo's test_nonlocal_list_mutation_in_autograd_function: the forward appends what it computed to a list
+    the caller passes, and returns a second output that the backward ignores."""
+
+    @staticmethod
+    def forward(ctx, x, report):
+        report.append(x.sin())
+        return torch.cos(torch.sin(x @ x)), torch.sin(x)
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        return g1 + g2, None
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_list_the_forward_appends_to_is_the_callers(compiled):
+    """The port handed the forward a copy of each container argument (rebuilt around the stopped tensors), so what
+    it appended was lost: the caller's list stayed empty. An argument with no tensor to stop is now the caller's
+    object, eagerly and compiled, side by side with PyTorch."""
+    x = torch.randn(4, 4, requires_grad=True)
+    results = []
+    for function in (ReportsItsSine, ported(ReportsItsSine, order=2)):
+        def fn(x, function=function):
+            report = []
+            outputs = function.apply(x, report)
+            return outputs[0] + outputs[-1], report[0]
+
+        run = torch.compile(fn, backend="aot_eager", fullgraph=True) if compiled else fn
+        value, reported = run(x)
+        (gradient,) = torch.autograd.grad(value.sum(), x)
+        results.append((value.detach(), reported.detach(), gradient))
+    for mine, pytorchs in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(mine, pytorchs)
+    torch.testing.assert_close(results[1][1], x.detach().sin())
