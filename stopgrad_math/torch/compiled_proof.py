@@ -72,7 +72,7 @@ def proven_while_compiling(f: Callable[..., Any], leaves: Leaves, kwargs: dict[s
     cannot be embedded gives the reason (a ``NotEmbeddable``'s message, a constant) rather than raising."""
     nest = (leaves.with_values({}), kwargs)
     flat = pytree.tree_leaves(nest)
-    skeleton = pytree.tree_map(lambda v: None, nest)
+    skeleton = pytree.tree_map(lambda v: 0, nest)  # (0, not None: a torch.Size argument is rebuilt from ints)
     tensors = tuple(k for k, v in enumerate(flat) if isinstance(v, torch.Tensor))
     # f's Python floats, symbols in the proof for any size: Dynamo keeps one that changed between calls as a
     # symbol, no constant to give a proof, and shows it as a float like any other. (An int is given as it is: one

@@ -180,22 +180,26 @@ class _Forward:
     names: tuple[str, ...] | None
     defaults: dict[str, Any]
     marks_dirty: bool
+    sparse: tuple[str, ...] = ()  # the names of sparse tensors' API its methods' code reads
 
     @classmethod
     def of(cls, function: type[Function]) -> _Forward:
         forward = function.forward
-        marks_dirty = any("mark_dirty" in _names_read(method) for method in (
-            forward, function.setup_context if _has_setup_context(function) else None))
+        setup = function.setup_context if _has_setup_context(function) else None
+        marks_dirty = any("mark_dirty" in _names_read(method) for method in (forward, setup))
+        sparse = tuple(sorted({name for method in (forward, setup, function.backward) for name in _names_read(method)
+                               if "sparse" in name or name in _SPARSE_PARTS}))
         try:
             signature = inspect.signature(forward)
         except (TypeError, ValueError):
-            return cls(None, None, {}, marks_dirty)
+            return cls(None, None, {}, marks_dirty, sparse)
         parameters = list(signature.parameters.values())
         if not _has_setup_context(function):  # forward(ctx, *args): bind past ctx
             parameters = parameters[1:]
         plain = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
         return cls(signature.replace(parameters=parameters), tuple(p.name for p in parameters) if plain else None,
-                   {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}, marks_dirty)
+                   {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}, marks_dirty,
+                   sparse)
 
     def bound(self, name: str, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -216,6 +220,13 @@ class _Forward:
                 raise TypeError(f"{name}.forward is missing a required argument: {parameter!r}")
             values.append(kwargs[parameter] if parameter in kwargs else self.defaults[parameter])
         return tuple(values), {}
+
+
+_SPARSE_PARTS = frozenset({"_indices", "_values", "coalesce", "crow_indices", "col_indices", "ccol_indices",
+                           "row_indices"})
+SPARSE = ("{name}'s methods use sparse tensors ({names}), whose ops Inductor cannot compile in the graphs the "
+          "decorator's proof traces from them: under torch.compile the class runs as torch.autograd.Function, "
+          "which Dynamo runs apart from the graph there")
 
 
 def _names_read(method: Any) -> tuple[str, ...]:
@@ -284,6 +295,9 @@ def _route(cls: type[Function], args: tuple[Any, ...]) -> Route:
     if cls._stopgrad_math_own_rules:
         return Route(embedded=False, reason=OWN_RULE.format(name=cls.__name__,
                                                             methods=" and ".join(cls._stopgrad_math_own_rules)))
+    if cls._stopgrad_math_forward.sparse and identity.compiling():
+        return Route(embedded=False, reason=SPARSE.format(name=cls.__name__,
+                                                          names=", ".join(cls._stopgrad_math_forward.sparse)))
     if identity.compiling() or cls not in _FELL_BACK:  # (a class that never fell back: no key to make)
         return _EMBEDDED
     key = _signature(cls, args)
