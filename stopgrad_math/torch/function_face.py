@@ -180,7 +180,7 @@ class _Forward:
     names: tuple[str, ...] | None
     defaults: dict[str, Any]
     marks_dirty: bool
-    sparse: tuple[str, ...] = ()  # the names of sparse tensors' API its methods' code reads
+    sparse: tuple[str, ...] = ()  # the names of sparse tensors' API its methods' code reads (``_SPARSE_API``)
 
     @classmethod
     def of(cls, function: type[Function]) -> _Forward:
@@ -188,7 +188,7 @@ class _Forward:
         setup = function.setup_context if _has_setup_context(function) else None
         marks_dirty = any("mark_dirty" in _names_read(method) for method in (forward, setup))
         sparse = tuple(sorted({name for method in (forward, setup, function.backward) for name in _names_read(method)
-                               if "sparse" in name or name in _SPARSE_PARTS}))
+                               if name in _SPARSE_API}))
         try:
             signature = inspect.signature(forward)
         except (TypeError, ValueError):
@@ -222,8 +222,11 @@ class _Forward:
         return tuple(values), {}
 
 
-_SPARSE_PARTS = frozenset({"_indices", "_values", "coalesce", "crow_indices", "col_indices", "ccol_indices",
-                           "row_indices"})
+_SPARSE_API = frozenset({  # (exact names: a helper called _sparsemax_value names no sparse tensor)
+    "sparse", "is_sparse", "sparse_coo_tensor", "sparse_csr_tensor", "sparse_csc_tensor", "sparse_bsr_tensor",
+    "sparse_bsc_tensor", "sparse_compressed_tensor", "to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc",
+    "to_sparse_bsr", "to_sparse_bsc", "_indices", "_values", "coalesce", "crow_indices", "col_indices",
+    "ccol_indices", "row_indices"})
 SPARSE = ("{name}'s methods use sparse tensors ({names}), whose ops Inductor cannot compile in the graphs the "
           "decorator's proof traces from them: under torch.compile the class runs as torch.autograd.Function, "
           "which Dynamo runs apart from the graph there")
