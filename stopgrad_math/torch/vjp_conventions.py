@@ -57,7 +57,8 @@ class Leaves:
             structure = _made_structure(layout) if identity.compiling() else _flat_structure(layout)
             return cls.labelled(labels, values, structure, layout)
         leaves = cls.of(list(args), "", lambda path: f"{names[path[0].idx]}{pytree.keystr(path[1:])}")
-        return dataclasses.replace(leaves, given=args)
+        # (made anew, not dataclasses.replace'd: Dynamo before torch 2.8 cannot trace dataclasses.replace)
+        return cls(leaves.labels, leaves.values, leaves.structure, leaves.differentiable, leaves.layout, args)
 
     @classmethod
     def of(cls, tree: Any, prefix: str, label: Callable[[Any], str] | None = None) -> Leaves:

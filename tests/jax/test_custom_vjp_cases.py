@@ -396,9 +396,9 @@ def test_a_fwd_whose_output_is_not_funs(make, fwd, found):  # test_fwd_rule_prim
 def test_a_missing_argument_is_a_type_error_naming_it(make):  # test_resolve_kwargs_error_message
     f = make()(lambda x, y: x + y)
     f.defvjp(lambda x, y: pytest.fail("not called"), lambda r, ct: pytest.fail("not called"))
-    with pytest.raises(TypeError, match=re.escape("The input arguments to the custom_vjp-decorated function <lambda> "
-                                                  "could not be resolved to positional-only arguments. Binding "
-                                                  "failed with the error:\nmissing a required argument: 'y'")):
+    words = ("The input arguments to the custom_vjp-decorated function <lambda> could not be resolved to "
+             "positional-only arguments. Binding failed with the error:\n" if make is _ours else "")  # (JAX's from
+    with pytest.raises(TypeError, match=re.escape(words + "missing a required argument: 'y'")):  # 0.5 on)
         f(0.5)
 
 
@@ -442,9 +442,13 @@ def test_a_tracer_closed_over_or_passed_undifferentiated_works_on_ours():  # tes
 def test_a_keyword_only_argument_cannot_be_placed(make):  # test_resolve_kwargs
     f = make()(lambda x, y, *, z=None: x + y)
     f.defvjp(lambda x, y, z=None: (x + y, None), lambda _, ct: (ct, ct))
-    with pytest.raises(TypeError, match=r"function <lambda> could not be resolved to positional-only arguments.*\n"
-                                        r"The following keyword arguments could not be resolved to positions: z"):
+    with pytest.raises(TypeError, match=r"could not be resolved to positions"):
         f(0.5, 0.1, z=1.0)
+    if make is _ours:  # (JAX's words from 0.5 on)
+        with pytest.raises(TypeError, match=r"function <lambda> could not be resolved to positional-only arguments"
+                                            r".*\nThe following keyword arguments could not be resolved to "
+                                            r"positions: z"):
+            f(0.5, 0.1, z=1.0)
 
 
 # ---------------------------------------------------------------- the fall-back: jax.custom_vjp itself

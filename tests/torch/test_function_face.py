@@ -942,11 +942,13 @@ def test_a_keyword_only_argument_meets_pytorchs_own_errors():
     NotImplementedError, and the one a plain call meets (torch.autograd.Function passes no keyword to forward
     there); route names the argument."""
     port = ported(KeywordOnlyShift, order=2)
-    for function in (KeywordOnlyShift, port):
-        with pytest.raises(NotImplementedError, match=r"Run vmap on autograd\.Function with kwarg-only Tensor args"):
-            torch.func.vmap(lambda x, f=function: f.apply(x, shift=torch.ones(3)))(torch.ones(2, 3))
-        with pytest.raises(TypeError, match="forward\\(\\) got an unexpected keyword argument 'shift'"):
-            function.apply(torch.ones(3, requires_grad=True), shift=torch.ones(3))
+    calls = (lambda f: torch.func.vmap(lambda x: f.apply(x, shift=torch.ones(3)))(torch.ones(2, 3)),
+             lambda f: f.apply(torch.ones(3, requires_grad=True), shift=torch.ones(3)))
+    for call in calls:  # (PyTorch's words vary by version: each is compared with this version's)
+        with pytest.raises(Exception) as pytorchs:
+            call(KeywordOnlyShift)
+        with pytest.raises(type(pytorchs.value), match=re.escape(str(pytorchs.value).splitlines()[0])):
+            call(port)
     assert "keyword-only arguments (shift)" in port.route(torch.ones(3), shift=torch.ones(3)).reason
 
 
@@ -1029,9 +1031,16 @@ def test_a_gradient_for_an_argument_that_is_no_tensor_is_pytorchs_business():
         with pytest.raises(RuntimeError, match="returned a gradient different than None at position 1, but the "
                                                "corresponding forward input was not a Variable"):
             y.sum().backward()
+    compiled = []  # (torch.compile drops the gradient from torch 2.7 on, and raises before: each as this version)
+    for function in (GradientForAModule, port):
         x = torch.ones(3, requires_grad=True)
-        torch.compile(lambda x, f=function: f.apply(module, x), backend="aot_eager", fullgraph=True)(x).sum().backward()
-        assert torch.equal(x.grad, torch.full((3,), 2.0))
+        try:
+            torch.compile(lambda x, f=function: f.apply(module, x), backend="aot_eager", fullgraph=True)(x).sum(
+                ).backward()
+            compiled.append(x.grad.tolist())
+        except Exception as error:
+            compiled.append((type(error), str(error).splitlines()[0]))
+    assert compiled[0] == compiled[1]
     assert "not differentiable" in port.route(module, torch.ones(3)).reason
 
 
