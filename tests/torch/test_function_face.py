@@ -1072,7 +1072,12 @@ def test_a_list_the_forward_appends_to_is_the_callers(compiled):
             return outputs[0] + outputs[-1], report[0]
 
         run = torch.compile(fn, backend="aot_eager", fullgraph=True) if compiled else fn
-        value, reported = run(x)
+        try:
+            value, reported = run(x)
+        except torch._dynamo.exc.Unsupported:
+            if function is ReportsItsSine:  # (Dynamo before torch 2.7 refuses the Function itself)
+                pytest.skip("this torch's Dynamo refuses a Function that appends to a list it is passed")
+            raise
         (gradient,) = torch.autograd.grad(value.sum(), x)
         results.append((value.detach(), reported.detach(), gradient))
     for mine, pytorchs in zip(results[1], results[0], strict=True):
