@@ -18,8 +18,8 @@ identity, with its attributes of the names the code reads), or a nested
 function (opened in turn, two levels deep); each array's ``Arrays.key``; and
 every global the code may read, by value where it is a number or string, by
 identity where it is a builtin, an array the framework calls immutable or a
-library's function, by code, closure and globals where it is another function, and a module or class with
-its attributes of the names the code reads (``jnp.exp``, ``torch.exp``, a
+library's function, by code, closure and globals where it is another
+function, and a module or class with its attributes of the names the code reads (``jnp.exp``, ``torch.exp``, a
 float a module or a class holds; a function of the user's own code there is
 opened as a global function is, a library's taken by identity), so that
 reassigning one between calls makes another key.

@@ -20,6 +20,8 @@ from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
 import torch
+from torch._C._functorch import TransformType
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from torch.autograd import forward_ad
 from torch.utils import _pytree as pytree
 
@@ -174,7 +176,7 @@ def _has_setup_context(cls: type[Function]) -> bool:
 class _Forward:
     """What a class's forward is, read once when the class is made (Dynamo traces no ``inspect``): the names and
     defaults of its parameters past ctx (None where one is variadic or keyword-only: then its signature binds a
-    call), and whether it names ``mark_dirty``."""
+    call), whether it or ``setup_context`` names ``mark_dirty``, and the sparse tensors' API its methods name."""
 
     signature: inspect.Signature | None
     names: tuple[str, ...] | None
@@ -459,8 +461,7 @@ def _on_wrappers(cls: type[Function], args: tuple[Any, ...], error: _ForwardOnWr
     for a Function without vmap support, with the reason."""
     cause = error.__cause__ or error
     reason = FORWARD_ON_WRAPPERS.format(name=cls.__name__, error=f"{type(cause).__name__}: {cause}")
-    levels = torch._C._functorch.get_interpreter_stack() or []
-    if any(level.key() == torch._C._functorch.TransformType.Vmap for level in levels):
+    if any(level.key() == TransformType.Vmap for level in retrieve_all_functorch_interpreters()):
         raise RuntimeError(f"You tried to vmap over {cls.__name__}, but it does not have vmap support. Please override "
                            "and implement the vmap staticmethod or set generate_vmap_rule=True. For more details, "
                            f"please see https://pytorch.org/docs/main/notes/extending.func.html ({reason}.)") from cause
