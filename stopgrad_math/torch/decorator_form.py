@@ -59,9 +59,11 @@ from stopgrad_math.shared.arguments import BEYOND_ORDER, call_f, name_of
 from stopgrad_math.torch import (
     compiled_graphs,
     compiled_proof,
+    deferred_term,
     evaluation,
     identity,
     kept_proofs,
+    recorded_term,
     refusals,
     second_derivative_guard,
     tracing,
@@ -120,7 +122,7 @@ def _proven_call(cotangents: tracing.Cotangents, vjp: Callable[[Any], Any], kwar
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwargs: dict[str, Any], order: int,
            guard: bool, fallback: Callable[[str], Any] | None = None) -> Any:
     name = name_of(f)
-    if not evaluation.differentiating(args):
+    if fallback is None and not evaluation.differentiating(args):  # (a Function's apply has asked)
         return call_f(f, args, kwargs)[0]
     leaves = Leaves.of_arguments(args, names)
     if not leaves.differentiable:
@@ -131,11 +133,16 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         return y
     order = 1 if undifferentiable else order
     cotangents = tracing.Cotangents(f, names, leaves, outputs, order)
+    deferred = _deferred(cotangents, vjp, kwargs, watch, undifferentiable)
+    if deferred is not None and deferred.kept is not None:  # a signature proven before: no proof, no key
+        return deferred.attached()
     proof = _proven_call(cotangents, vjp, kwargs, watch, fallback is not None)
     if isinstance(proof, str):
         assert fallback is not None  # (a reason comes back only where there is one to take it)
         return fallback(proof)
     kept, linear, closed_over, transposed, alone, embedded_at = proof
+    if deferred is not None and deferred.admits(kept):
+        return deferred.attached()
     xs = [leaves.values[k] for k in kept]
     if not xs:  # every cotangent None or proven zero: y keeps a zero derivative, as a Function's output would
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0
@@ -144,6 +151,20 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
     why = undifferentiable or (unrecorded.UNRECORDED if embedded_at < order else None)  # (said by a second
     # derivative, which raises)
     return _attached(linear, outputs, xs, closed_over, transposed, alone, name, embedded_at, guard, why)
+
+
+def _deferred(cotangents: tracing.Cotangents, vjp: Callable[[Any], Any], kwargs: dict[str, Any],
+              watch: unrecorded.Watch | None, undifferentiable: str | None) -> deferred_term.Call | None:
+    """A Function's call in reverse mode alone (its VJP names what the forward saved), whose proof the node makes
+    where a derivative needs it (``deferred_term``); None elsewhere."""
+    if kwargs or not recorded_term.reverse_alone():  # (first: Dynamo cannot read a nested function's attributes)
+        return None
+    saved = getattr(vjp, "saved_tensors", None)
+    if saved is None:
+        return None
+    why = undifferentiable or (unrecorded.UNRECORDED if cotangents.order == 2 else None)  # (where order 1 is taken)
+    return deferred_term.Call(cotangents, vjp, saved, why,
+                              lambda: _proven_call(cotangents, vjp, kwargs, watch, falls_back=True))
 
 
 def _attached(linear: Linear, outputs: Leaves, xs: list[torch.Tensor], closed_over: list[torch.Tensor],

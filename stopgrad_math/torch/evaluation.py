@@ -48,7 +48,6 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     stop(x) as at order 1. The last element: None, or, where f cannot run at x (a forward that calls ``.numpy()``
     on its input, as a Function's forward may, whose input never requires grad there), what a second derivative
     raises (``undifferentiable``): f is then run at stop(x), as at order 1."""
-    stopped = {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
     # Compiled, the proof's graphs compute J from the arguments (``compiled_graphs.Registered``). Under a jvp, or a grad
     # or vjp, transform alone (``eager_fast_path.forward_transforms_alone``, ``reverse_transforms_alone``: nothing under
     # the wrappers requiring grad) no second derivative can be taken, and the VJP at stop(x) closes over what it closes
@@ -56,7 +55,7 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     tensors = leaves.tensors()
     if order == 1 or identity.compiling() or eager_fast_path.forward_transforms_alone(tensors) \
             or eager_fast_path.reverse_transforms_alone(tensors):
-        return (*call_f(f, leaves.with_values(stopped), kwargs), None, None)
+        return (*call_f(f, leaves.with_values(_stopped(leaves)), kwargs), None, None)
     moving = [leaves.values[k] for k in leaves.differentiable]
     reverse = any(x.requires_grad for x in moving)  # (the watch's lost tensors matter to reverse mode alone)
     drawn = _random_states()
@@ -67,7 +66,7 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
             with followed:
                 y, vjp = call_f(f, leaves.with_values({}), kwargs)
         except Exception as error:  # (f's own errors are raised again by its call at stop(x))
-            return _at_order_1(f, leaves, stopped, kwargs, drawn, error)
+            return _at_order_1(f, leaves, kwargs, drawn, error)
         _refuse_a_change_in_place(f, leaves, versions)
         watch = followed if reverse else None
         if not followed.reads_outside:  # y depends on the arguments alone: its value at stop(x), no second call
@@ -75,14 +74,19 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     else:
         watch, vjp = None, call_f(f, leaves.with_values({}), kwargs)[1]  # (nothing moves: no change to refuse)
     _random_states(drawn)  # the second call draws what the first drew: y and the VJP's residuals agree
-    return call_f(f, leaves.with_values(stopped), kwargs)[0], vjp, watch, None
+    return call_f(f, leaves.with_values(_stopped(leaves)), kwargs)[0], vjp, watch, None
 
 
-def _at_order_1(f: Callable[..., Any], leaves: Leaves, stopped: dict[int, Any], kwargs: dict[str, Any], drawn: Any,
+def _stopped(leaves: Leaves) -> dict[int, Any]:
+    """stop(x) for each differentiable leaf, by index (made where f runs at stop(x), not at each call)."""
+    return {k: identity.stop(leaves.values[k]) for k in leaves.differentiable}
+
+
+def _at_order_1(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any], drawn: Any,
                 error: Exception) -> tuple[Any, Any, None, str]:
     """``evaluated`` where f could not run at x: f at stop(x), as at order 1, and what a second derivative raises."""
     _random_states(drawn)
-    return (*call_f(f, leaves.with_values(stopped), kwargs), None, undifferentiable("PyTorch", error))
+    return (*call_f(f, leaves.with_values(_stopped(leaves)), kwargs), None, undifferentiable("PyTorch", error))
 
 
 def _versions(leaves: Leaves) -> dict[int, int]:

@@ -161,10 +161,14 @@ class Function:
             return _keyword_only(cls, keywords)
         asked = tuple(a.detach().requires_grad_() if _differentiable(a) else a for a in args)
         found: list[str] = []
-        with torch.enable_grad():
-            route = _route(cls, asked)
-            if route.embedded:
-                _embedded(cls, asked, found.append)
+        _ROUTING.value = True  # (a route is proven: its call defers no proof, ``_backward``)
+        try:
+            with torch.enable_grad():
+                route = _route(cls, asked)
+                if route.embedded:
+                    _embedded(cls, asked, found.append)
+        finally:
+            _ROUTING.value = False
         return _remembered(cls, asked, found[0]) if found else route
 
 
@@ -485,12 +489,21 @@ def _forward_and_backward(cls: type[Function]) -> Callable[..., Any]:
         several = isinstance(output, tuple)
         outputs = output if several else (output,)
         if _MARKED.frames:  # (f runs inside a call's frame; again where order 2 runs it twice)
-            _MARKED.frames[-1][:] = [k for k, o in enumerate(outputs) if any(o is m for m in ctx.non_differentiable)]
-        shapes = tuple(tuple(i.shape) if isinstance(i, torch.Tensor) else None for i in inputs)
-        return output, _backward(cls, ctx, several, shapes)
+            _MARKED.frames[-1][:] = [k for k, o in enumerate(outputs) if any(o is m for m in ctx.non_differentiable)] \
+                if ctx.non_differentiable else []
+        return output, _backward(cls, ctx, several, _shapes(inputs))
 
     forward_and_backward.__name__ = forward_and_backward.__qualname__ = cls.__name__
     return forward_and_backward
+
+
+def _shapes(inputs: list[Any]) -> tuple[tuple[int, ...] | None, ...]:
+    """Each input's shape (None for what is not a tensor), read eagerly with torch function modes off: an order-2
+    watch (``unrecorded.Watch``) would follow each read as an op."""
+    if identity.compiling():
+        return tuple(tuple(i.shape) if isinstance(i, torch.Tensor) else None for i in inputs)
+    with torch._C.DisableTorchFunction():
+        return tuple(tuple(i.shape) if isinstance(i, torch.Tensor) else None for i in inputs)
 
 
 def _backward(cls: type[Function], ctx: FunctionContext, several: bool,
@@ -514,7 +527,16 @@ def _backward(cls: type[Function], ctx: FunctionContext, several: bool,
         grads = backward(_context_of(needs, saved, attributes), *(cotangents if several else (cotangents,)))
         return (*_input_grads(name, grads, shapes), None)
 
+    if not _ROUTING.value:  # what a node that runs it saves, as PyTorch saves them: ``deferred_term`` defers the
+        vjp.saved_tensors = [t for t in saved if isinstance(t, torch.Tensor)]  # type: ignore[attr-defined] # proof
     return vjp
+
+
+class _Routing(threading.local):
+    value = False
+
+
+_ROUTING = _Routing()
 
 
 def _input_grads(name: str, grads: Any, shapes: tuple[tuple[int, ...] | None, ...]) -> tuple[Any, ...]:

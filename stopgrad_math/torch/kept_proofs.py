@@ -50,6 +50,7 @@ class Proof:
     maps_tangents: bool = False  # forward mode differentiates the transpose by applying it to the tangents
     factor: torch.fx.GraphModule | None = None  # the transpose is v times this graph's tensor
     floats: tuple[int, ...] = ()
+    found: tuple[int, ...] = ()  # the argument leaves the VJP answers for (``tracing.Cotangents.found``)
 
 
 PROOFS_KEPT = 256
@@ -73,6 +74,7 @@ def known(cotangents: tracing.Cotangents, vjp: Callable[[Any], Any],
     if found is None or found[1] is _TRACED_AT_EVERY_CALL:
         return None
     opened, proof = found
+    cotangents.found = list(proof.found)
     tensors = [t for k, t in enumerate(opened.arrays) if k not in proof.floats]
     vjp_map, transposed = proof.vjp_map, proof.transposed
     if vjp_map is None or transposed is None:
@@ -162,7 +164,7 @@ def _proof(cotangents: tracing.Cotangents, opened: closure_key.Opened) -> Any:
         if not all(k in traced.literals and c.numel() == 1 for k, c in enumerate(traced.constants)) or (
                 batched and aten_graphs.boolean_mask_op(traced.graph, batched) is not None):
             return _FLOATS_BY_VALUE if floats else _TRACED_AT_EVERY_CALL
-        proof = Proof([], None, None)
+        proof = Proof([], None, None, found=tuple(cotangents.found))
         if kept:
             try:
                 vjp_map, transposed = proof_graphs.maps(traced, [cotangents.found.index(k) for k in kept],
@@ -172,7 +174,7 @@ def _proof(cotangents: tracing.Cotangents, opened: closure_key.Opened) -> Any:
                     return _FLOATS_BY_VALUE
                 raise
             proof = Proof(kept, vjp_map, transposed, eager_fast_path.maps_tangents(transposed, len(kept)),
-                          eager_fast_path.product_factor(transposed, len(kept)), floats)
+                          eager_fast_path.product_factor(transposed, len(kept)), floats, tuple(cotangents.found))
         if floats and size_conditions.branched(stand_ins):
             return _FLOATS_BY_VALUE
     cotangents.warn_if_none_found()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -69,16 +69,27 @@ class Cotangents:
         args = tuple(self.leaves.with_values({}))
 
         def cotangents(*cts: torch.Tensor) -> list[torch.Tensor]:
-            outputs = self.outputs
-            with nesting.evaluating(self.order):
-                answer = answer_of(vjp, outputs.with_values({
-                    **{k: None for k in range(len(outputs.values)) if k not in outputs.differentiable},
-                    **dict(zip(outputs.differentiable, cts, strict=True))}), self.f)
-            by_leaf = argument_cotangents(answer, args, self.leaves, self.names, self.f)
-            self.found = list(by_leaf)
+            by_leaf = self.answered(vjp, cts, args)
             return list(by_leaf.values()) if kept is None else [by_leaf[k] for k in kept]
 
         return cotangents
+
+    def answered(self, vjp: Callable[[Any], Any], cts: Sequence[torch.Tensor],
+                 args: tuple[Any, ...] | None = None) -> dict[int, torch.Tensor]:
+        """vjp's cotangent of each argument leaf it answers for (by leaf index; ``found`` is set), given those of
+        y's differentiable leaves; ``args``: the arguments, where they are at hand."""
+        outputs = self.outputs
+        if len(outputs.values) == len(cts):  # (every leaf of y differentiable: the common case, no dict to merge)
+            given = outputs.with_values(dict(enumerate(cts)))
+        else:
+            given = outputs.with_values({**{k: None for k in range(len(outputs.values))},
+                                         **dict(zip(outputs.differentiable, cts, strict=True))})
+        with nesting.evaluating(self.order):
+            answer = answer_of(vjp, given, self.f)
+        by_leaf = argument_cotangents(answer, tuple(self.leaves.with_values({})) if args is None else args,
+                                      self.leaves, self.names, self.f)
+        self.found = list(by_leaf)
+        return by_leaf
 
 
 def traced_vjp(cotangents: Cotangents, vjp: Callable[[Any], Any]) -> aten_graphs.Traced:

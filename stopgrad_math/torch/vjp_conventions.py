@@ -207,8 +207,40 @@ def argument_cotangents(result: Any, args: tuple[Any, ...], leaves: Leaves, name
                         f: Callable[..., Any]) -> dict[int, torch.Tensor]:
     """The cotangent of each argument leaf that vjp gives one for (None is no gradient), cast to the leaf's
     dtype, its shape checked. Trailing Nones beyond one per argument are dropped, as PyTorch drops them."""
-    flat: list[Any] = []
     result = _without_extra_nones(result, args)
+    flat = _flat_answer(result, leaves)
+    if flat is None:
+        flat = _walked_answer(result, args, names, f)
+    found = {}
+    for k, ct in enumerate(flat):
+        if ct is not None:
+            found[k] = _checked(f, leaves.labels[k], leaves.values[k], ct, k in leaves.differentiable)
+    return found
+
+
+def _flat_answer(result: Any, leaves: Leaves) -> list[Any] | None:
+    """The answer leaf by leaf without pytree's walk, where the arguments have a ``_flat_layout`` (a Function's,
+    ``needs_input_grad`` last) and the answer is a tuple of a tensor or None for each tensor argument and None for
+    each tuple; None where it is otherwise, and ``_walked_answer`` reads it (or names what is wrong)."""
+    layout = leaves.layout
+    if layout is None or layout[0] != "flat" or type(result) is not tuple or len(result) != len(layout) - 1 \
+            or len(result) < 2:
+        return None
+    flat: list[Any] = []
+    for n, ct in zip(layout[1:], result, strict=True):
+        if ct is None:
+            flat += [None] * (1 if n is None else n)
+        elif n is None and isinstance(ct, torch.Tensor):
+            flat.append(ct)
+        else:
+            return None
+    return flat
+
+
+def _walked_answer(result: Any, args: tuple[Any, ...], names: list[str], f: Callable[..., Any]) -> list[Any]:
+    """The answer leaf by leaf (None where no gradient), read by pytree; ValueError where a cotangent's structure
+    is not its argument's."""
+    flat: list[Any] = []
     for name, argument, ct in zip(names, args, cotangent_of_each_argument(result, args, names, f, _matches),
                                   strict=True):
         count = len(pytree.tree_leaves(argument))
@@ -220,11 +252,7 @@ def argument_cotangents(result: Any, args: tuple[Any, ...], leaves: Leaves, name
             raise ValueError(f"The vjp of {name_of(f)} returned a cotangent for {name} of another structure than "
                              f"the argument: {structure} for {pytree.tree_structure(argument)}.")
         flat += cts
-    found = {}
-    for k, ct in enumerate(flat):
-        if ct is not None:
-            found[k] = _checked(f, leaves.labels[k], leaves.values[k], ct, k in leaves.differentiable)
-    return found
+    return flat
 
 
 def _checked(f: Callable[..., Any], label: str, x: Any, ct: Any, differentiable: bool) -> torch.Tensor:

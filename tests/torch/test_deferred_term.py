@@ -1,0 +1,200 @@
+"""Issue 75 on PyTorch: a Function's eager call in reverse mode alone, its signature proven at an earlier call, makes
+no proof (``deferred_term``): its one node runs the backward as it is, and proves it where a derivative needs the
+proof (``create_graph=True``, or a backward that answers for other arguments than the proof kept).
+
+The truths are PyTorch's own Function of the same methods (``torch.autograd.Function``, for first derivatives, and
+for double backwards where PyTorch's is right), analytic derivatives, and the ordinary ops' bits
+(``test_recorded_term``, which runs this path too). Each test runs several calls of one signature: the first
+proves, the later ones defer.
+"""
+
+import re
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stopgrad_math.torch as sgm  # noqa: E402
+from stopgrad_math.torch import decorator_form, unrecorded  # noqa: E402
+
+X = torch.tensor([0.5, -1.5, 2.0, -0.0, 3.0], dtype=torch.float64)
+CALLS = 3  # of one signature: the first proves it, the others defer
+
+
+def _both(forward, backward, order=2):
+    """The methods as torch.autograd.Function (the anchor) and as stopgrad_math.torch.Function."""
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return (type("Anchor", (torch.autograd.Function,), dict(methods)),
+            type("Ported", (sgm.Function,), {**methods, "order": order}))
+
+
+def _square_forward(ctx, x):
+    ctx.save_for_backward(x)
+    return x * x
+
+
+def _proofs_counted(monkeypatch):
+    made = []
+    proven = decorator_form._proven_call
+    monkeypatch.setattr(decorator_form, "_proven_call", lambda *a, **k: made.append(1) or proven(*a, **k))
+    return made
+
+
+def _gradient(function, x, *others):
+    x = x.clone().requires_grad_(True)
+    y = function.apply(x, *others)
+    return y.grad_fn, torch.autograd.grad(y, x, torch.linspace(-1.0, 2.0, y.numel(), dtype=y.dtype).reshape(y.shape))
+
+
+def test_a_proven_signature_makes_no_proof_at_its_later_calls_and_gives_pytorchs_gradient(monkeypatch):
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+    anchor, ported = _both(_square_forward, backward)
+    made = _proofs_counted(monkeypatch)
+    for _ in range(CALLS):
+        node, gradient = _gradient(ported, X)
+        assert type(node).__name__ == "_DeferredBackward"
+        torch.testing.assert_close(gradient, _gradient(anchor, X)[1], rtol=0, atol=0)
+    assert len(made) == 1
+    _gradient(ported, X[:3])  # another shape: another signature, proven once
+    _gradient(ported, X[:3])
+    assert len(made) == 2
+
+
+def test_a_second_derivative_is_the_embeddings_where_the_backward_detaches_its_cotangent():
+    """The cotangent's path is linear, so its derivative is 2x although the backward detaches it (PyTorch's own
+    double backward has none there); x's is 2·v. Both analytic, at the proving call and the deferring ones."""
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g.detach()
+
+    _, ported = _both(_square_forward, backward)
+    for _ in range(CALLS):
+        x = X.clone().requires_grad_(True)
+        v = torch.linspace(-1.0, 2.0, 5, dtype=torch.float64).requires_grad_(True)
+        (g,) = torch.autograd.grad(ported.apply(x), x, v, create_graph=True)
+        torch.testing.assert_close(g, 2 * X * v.detach(), rtol=0, atol=0)
+        by_v, by_x = torch.autograd.grad(g.sum(), [v, x])
+        torch.testing.assert_close(by_v, 2 * X, rtol=0, atol=0)
+        torch.testing.assert_close(by_x, 2 * v.detach(), rtol=0, atol=0)
+
+
+def _exp_saved_without_grad(ctx, x):
+    with torch.no_grad():
+        e = torch.exp(x)
+    ctx.save_for_backward(e)
+    return e
+
+
+def _times_saved(ctx, g):
+    (e,) = ctx.saved_tensors
+    return g * e
+
+
+@pytest.mark.parametrize("case", ["order 1", "saved without grad mode"])
+def test_a_second_derivative_beyond_what_is_embedded_raises_at_every_call(case):
+    forward, order, message = {
+        "order 1": (_square_forward, 1, "order=2"),
+        "saved without grad mode": (_exp_saved_without_grad, 2, unrecorded.UNRECORDED.format(name="Ported")[:60]),
+    }[case]
+    backward = _times_saved if case != "order 1" else (lambda ctx, g: 2 * ctx.saved_tensors[0] * g)
+    anchor, ported = _both(forward, backward, order)
+    for _ in range(CALLS):
+        x = X.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(ported.apply(x).sum(), x, create_graph=True)
+        torch.testing.assert_close(g, torch.autograd.grad(anchor.apply(x).sum(), x)[0], rtol=0, atol=0)
+        with pytest.raises(LookupError, match=re.escape(message)):
+            torch.autograd.grad(g.sum(), x)
+
+
+def _weighted_forward(ctx, x, w):
+    ctx.save_for_backward(w)
+    return x * w
+
+
+def _weighted_backward(ctx, g):
+    (w,) = ctx.saved_tensors
+    return OPERATION(g, w), None
+
+
+OPERATION = torch.mul  # rebound below
+
+
+def test_an_in_place_change_of_a_saved_tensor_raises_as_pytorchs_does():
+    anchor, ported = _both(_weighted_forward, _weighted_backward)
+    for function in (anchor, *[ported] * CALLS):
+        w = X + 1.0
+        y = function.apply(X.clone().requires_grad_(True), w)
+        w.add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+PASS_WEIGHT = True
+
+
+def _scaled_forward(ctx, x, w):
+    ctx.save_for_backward(x, w)
+    return x * w
+
+
+def _scaled_backward(ctx, g):  # answers for w as a global says
+    x, w = ctx.saved_tensors
+    return g * w, (g * x if PASS_WEIGHT else None)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_backward_that_answers_for_other_arguments_at_a_later_call_is_proven_again(monkeypatch, first):
+    anchor, ported = _both(_scaled_forward, _scaled_backward)
+    w = torch.tensor([2.0, -3.0, 0.5, 1.0, -0.0], dtype=torch.float64)
+    for passes in (first, first, not first, not first, first):
+        monkeypatch.setattr(sys.modules[__name__], "PASS_WEIGHT", passes)
+        gradients = []
+        for function in (anchor, ported):
+            x, v = X.clone().requires_grad_(True), w.clone().requires_grad_(True)
+            gradients.append(torch.autograd.grad(function.apply(x, v).sum(), [x, v], allow_unused=True))
+        for a, b in zip(*gradients, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def _sign_backward(ctx, g):  # not linear in g: the class runs as torch.autograd.Function
+    (x,) = ctx.saved_tensors
+    return g.abs() * 2 * x
+
+
+def test_a_class_whose_backward_falls_back_gives_pytorchs_double_backward_at_every_call():
+    anchor, ported = _both(_square_forward, _sign_backward)
+    results = []
+    for function in (anchor, *[ported] * CALLS):
+        x = X.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(function.apply(x).sum(), x, create_graph=True)
+        results.append((g.detach(), torch.autograd.grad(g.sum(), x)[0]))
+    for g, second in results[1:]:
+        torch.testing.assert_close(g, results[0][0], rtol=0, atol=0)
+        torch.testing.assert_close(second, results[0][1], rtol=0, atol=0)
+    assert not ported.route(X).embedded
+
+
+def test_route_proves_a_signature_whose_calls_defer(monkeypatch):
+    """A global the backward reads, rebound after the signature was proven, makes the backward not linear: ``route``
+    proves again and says so; a deferring call's gradient is PyTorch's own (the backward as it is), and its second
+    derivative, which would not be the class's, raises naming why."""
+    anchor, ported = _both(_weighted_forward, _weighted_backward)
+    w = X + 1.0
+    for _ in range(CALLS):
+        _gradient(ported, X, w)
+    assert ported.route(X, w).embedded
+    monkeypatch.setattr(sys.modules[__name__], "OPERATION", lambda g, w: g.abs() * w)
+    node, gradient = _gradient(ported, X, w)
+    assert type(node).__name__ == "_DeferredBackward"
+    torch.testing.assert_close(gradient, _gradient(anchor, X, w)[1], rtol=0, atol=0)
+    x = X.clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match="cannot be embedded at this one"):
+        torch.autograd.grad(ported.apply(x, w).sum(), x, create_graph=True)
+    route = ported.route(X, w)
+    assert not route.embedded and "abs" in route.reason
