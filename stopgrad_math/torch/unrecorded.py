@@ -64,7 +64,7 @@ class Watch(TorchFunctionMode):
                 from_derived = True
             elif not self.reads_outside and moves(t):
                 self.reads_outside = True
-        if from_lost or from_derived:
+        if (from_lost or from_derived) and type(result) not in _METADATA:  # (a shape, a dtype: nothing to mark)
             marked = lost if from_lost or not torch.is_grad_enabled() else derived
             for out in (result,) if isinstance(result, torch.Tensor) else tensors((result,)):
                 if out.is_floating_point() or out.is_complex():
@@ -74,6 +74,7 @@ class Watch(TorchFunctionMode):
 
 _ATOMS = frozenset({bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout,
                     torch.memory_format})
+_METADATA = _ATOMS | {torch.Size}  # what a read of a tensor's metadata gives: no tensor among it
 
 
 def tensors(values: Sequence[Any]) -> list[torch.Tensor]:
