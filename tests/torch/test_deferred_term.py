@@ -15,6 +15,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hypothesis import given, settings  # noqa: E402
+from torch_modes import bits as tensor_bits  # noqa: E402
+from torch_modes import elementwise_cases  # noqa: E402
+
 import stopgrad_math.torch as sgm  # noqa: E402
 from stopgrad_math.torch import decorator_form, unrecorded  # noqa: E402
 
@@ -198,3 +202,30 @@ def test_route_proves_a_signature_whose_calls_defer(monkeypatch):
         torch.autograd.grad(ported.apply(x, w).sum(), x, create_graph=True)
     route = ported.route(X, w)
     assert not route.embedded and "abs" in route.reason
+
+
+def _scaled_by_saved_forward(ctx, x, s, d):
+    ctx.save_for_backward(d)
+    return x * 1.0 + s * 0.0
+
+
+def _scaled_by_saved_backward(ctx, g):  # x's gradient elementwise, s's a sum: an awkward derivative d, saved
+    (d,) = ctx.saved_tensors
+    return g * d, (g * d).sum().reshape(()), None
+
+
+@settings(max_examples=40, deadline=None)
+@given(elementwise_cases())
+def test_any_shape_dtype_and_awkward_values_give_pytorchs_bits_at_every_call(case):
+    """Hypothesis's shapes (0-d and empty too), float dtypes (bfloat16 too), awkward derivatives (±0, ±inf, NaN,
+    subnormal) and cotangents: each call's gradients, bit for bit, are PyTorch's own Function's."""
+    value, derivative, x, dtype = case
+    d, ct = (torch.tensor(a, dtype=dtype) for a in (derivative, value))
+    anchor, ported = _both(_scaled_by_saved_forward, _scaled_by_saved_backward)
+    for function in (anchor, *[ported] * CALLS):
+        xs = [torch.tensor(x, dtype=dtype, requires_grad=True), torch.ones((), dtype=dtype, requires_grad=True)]
+        got = [tensor_bits(g) for g in torch.autograd.grad(function.apply(*xs, d), xs, ct)]
+        if function is anchor:
+            want = got
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
