@@ -133,7 +133,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         return y
     order = 1 if undifferentiable else order
     cotangents = tracing.Cotangents(f, names, leaves, outputs, order)
-    deferred = _deferred(cotangents, vjp, kwargs, watch, undifferentiable)
+    deferred = None if fallback is None else _deferred(cotangents, vjp, kwargs, watch, undifferentiable)
     if deferred is not None and deferred.kept is not None:  # a signature proven before: no proof, no key
         return deferred.attached()
     proof = _proven_call(cotangents, vjp, kwargs, watch, fallback is not None)
@@ -148,22 +148,20 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
         zero = sum((identity.zero_with_slope(x, slope_is_negative=True).real.sum() * 0.0
                     for x in leaves.tensors()), torch.zeros(()))
         return outputs.with_values({k: identity.attach(outputs.values[k], [zero]) for k in outputs.differentiable})
-    why = undifferentiable or (unrecorded.UNRECORDED if embedded_at < order else None)  # (said by a second
-    # derivative, which raises)
+    why = unrecorded.beyond(undifferentiable, embedded_at, order)  # (said by a second derivative, which raises)
     return _attached(linear, outputs, xs, closed_over, transposed, alone, name, embedded_at, guard, why)
 
 
 def _deferred(cotangents: tracing.Cotangents, vjp: Callable[[Any], Any], kwargs: dict[str, Any],
               watch: unrecorded.Watch | None, undifferentiable: str | None) -> deferred_term.Call | None:
-    """A Function's call in reverse mode alone (its VJP names what the forward saved), whose proof the node makes
-    where a derivative needs it (``deferred_term``); None elsewhere."""
+    """A Function's call (``_embed``'s, given a fallback) in reverse mode alone, its VJP naming what the forward
+    saved, whose proof the node makes where a derivative needs it (``deferred_term``); None elsewhere."""
     if kwargs or not recorded_term.reverse_alone():  # (first: Dynamo cannot read a nested function's attributes)
         return None
     saved = getattr(vjp, "saved_tensors", None)
     if saved is None:
         return None
-    why = undifferentiable or (unrecorded.UNRECORDED if cotangents.order == 2 else None)  # (where order 1 is taken)
-    return deferred_term.Call(cotangents, vjp, saved, why,
+    return deferred_term.Call(cotangents, vjp, saved, undifferentiable,
                               lambda: _proven_call(cotangents, vjp, kwargs, watch, falls_back=True))
 
 

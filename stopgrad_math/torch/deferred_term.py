@@ -29,7 +29,7 @@ import torch
 
 from stopgrad_math.shared import bounded_cache
 from stopgrad_math.shared.arguments import BEYOND_ORDER, name_of
-from stopgrad_math.torch import identity, second_derivative_guard, tracing
+from stopgrad_math.torch import identity, second_derivative_guard, tracing, unrecorded
 from stopgrad_math.torch.tracing import Linear
 from stopgrad_math.torch.vjp_conventions import Leaves
 
@@ -64,8 +64,9 @@ class Call:
     """A call of the Function face in reverse mode alone: what its node needs to run the VJP, and to prove it."""
 
     def __init__(self, cotangents: tracing.Cotangents, vjp: Callable[[Any], Any], saved: list[torch.Tensor],
-                 why: str | None, prove: Callable[[], Proof | str]):
-        self.cotangents, self.vjp, self.saved, self.why, self.prove = cotangents, vjp, saved, why, prove
+                 undifferentiable: str | None, prove: Callable[[], Proof | str]):
+        self.cotangents, self.vjp, self.saved, self.prove = cotangents, vjp, saved, prove
+        self.undifferentiable = undifferentiable  # (why f could not run at x: ``evaluation.evaluated``)
         self.key = signature(cotangents.f, cotangents.order, cotangents.leaves, cotangents.outputs)
         self.kept: tuple[int, ...] | None = None if self.key is None else _ADMITTED.get(self.key)
 
@@ -116,7 +117,7 @@ class Call:
         values = linear(*cotangents)
         if embedded_at == 2:
             return dict(zip(kept, values, strict=True))
-        why = self.why or BEYOND_ORDER[1]
+        why = unrecorded.beyond(self.undifferentiable, embedded_at, self.cotangents.order) or BEYOND_ORDER[1]
         leaves = self.cotangents.leaves.values
         return {k: second_derivative_guard.guarded(g, second_derivative_guard.live_of(leaves[k], closed_over), name,
                                                    why)

@@ -500,10 +500,13 @@ def _forward_and_backward(cls: type[Function]) -> Callable[..., Any]:
 def _shapes(inputs: list[Any]) -> tuple[tuple[int, ...] | None, ...]:
     """Each input's shape (None for what is not a tensor), read eagerly with torch function modes off: an order-2
     watch (``unrecorded.Watch``) would follow each read as an op."""
+    def read() -> tuple[tuple[int, ...] | None, ...]:
+        return tuple(tuple(i.shape) if isinstance(i, torch.Tensor) else None for i in inputs)
+
     if identity.compiling():
-        return tuple(tuple(i.shape) if isinstance(i, torch.Tensor) else None for i in inputs)
+        return read()
     with torch._C.DisableTorchFunction():
-        return tuple(tuple(i.shape) if isinstance(i, torch.Tensor) else None for i in inputs)
+        return read()
 
 
 def _backward(cls: type[Function], ctx: FunctionContext, several: bool,

@@ -79,11 +79,8 @@ class Cotangents:
         """vjp's cotangent of each argument leaf it answers for (by leaf index; ``found`` is set), given those of
         y's differentiable leaves; ``args``: the arguments, where they are at hand."""
         outputs = self.outputs
-        if len(outputs.values) == len(cts):  # (every leaf of y differentiable: the common case, no dict to merge)
-            given = outputs.with_values(dict(enumerate(cts)))
-        else:
-            given = outputs.with_values({**{k: None for k in range(len(outputs.values))},
-                                         **dict(zip(outputs.differentiable, cts, strict=True))})
+        given = outputs.with_values({**dict.fromkeys(range(len(outputs.values))),  # (None where not differentiable)
+                                     **dict(zip(outputs.differentiable, cts, strict=True))})
         with nesting.evaluating(self.order):
             answer = answer_of(vjp, given, self.f)
         by_leaf = argument_cotangents(answer, tuple(self.leaves.with_values({})) if args is None else args,

@@ -114,6 +114,13 @@ def watching(roots: list[torch.Tensor] | None) -> Iterator[Watch | None]:
         yield watch
 
 
+def beyond(undifferentiable: str | None, embedded_at: int, order: int) -> str | None:
+    """What a derivative beyond the order a call is embedded at says (about ``{name}``), where it is not the
+    decorator's ``BEYOND_ORDER``: why f could not run at x, or ``UNRECORDED`` where the call asked order 2 and its
+    VJP was embedded at order 1."""
+    return undifferentiable or (UNRECORDED if embedded_at < order else None)
+
+
 def lost_read(watch: Watch | None, read: Iterable[Any]) -> bool:
     """Whether the VJP reads (``read``) a tensor the watch found lost: a second derivative then raises
     ``UNRECORDED``, and first derivatives are order 1's."""
