@@ -229,3 +229,26 @@ def test_any_shape_dtype_and_awkward_values_give_pytorchs_bits_at_every_call(cas
             want = got
         for a, b in zip(got, want, strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+
+
+def _multiply_forward(ctx, x, scale):
+    ctx.scale = scale
+    return x.clone()
+
+
+def _multiply_backward(ctx, g):  # fairseq's gradient multiplier: a float set on ctx, new at each call
+    return g * ctx.scale, None
+
+
+def test_a_new_float_at_each_call_defers_and_gives_that_calls_gradient(monkeypatch):
+    """The signature takes a float by its type, so a learning-rate-like scale new at each call defers its proof, and
+    each call's gradient is its own scale's, as PyTorch's Function gives it (a node that kept the first call's
+    backward, or its ctx, would give the first scale)."""
+    anchor, ported = _both(_multiply_forward, _multiply_backward)
+    made = _proofs_counted(monkeypatch)
+    for scale in (0.5, -3.0, 1e-310, float("inf"), 0.25):
+        node, gradient = _gradient(ported, X, scale)
+        assert type(node).__name__ == "_DeferredBackward"
+        want = _gradient(anchor, X, scale)[1]
+        assert [tensor_bits(g).tolist() for g in gradient] == [tensor_bits(g).tolist() for g in want]
+    assert len(made) == 1
