@@ -87,7 +87,12 @@ class Call:
         xs = [leaves.values[k] for k in leaves.differentiable]
         saved = identity.saveable([t.detach() for t in self.saved])  # (aliases, of the same versions: the node
         # needs no edge to what computed them, which the VJP's own ops reach where a derivative of it is recorded)
-        results = _Deferred.apply(self, len(ys), len(xs), *ys, *xs, *saved)  # type: ignore[no-untyped-call]
+        through = [y for y in ys if y.requires_grad]  # (y at stop(x), with autodiff's path to a weight f read)
+        arguments = _storages(leaves.tensors())
+        given = [None if y.requires_grad else torch.sub(y, 0.0) if _storages([y]) & arguments else y.detach()
+                 for y in ys]  # (a new alias each, which the node returns; a copy of one that aliases an argument,
+        # which the mechanism would return as a view of it)
+        results = _Deferred.apply(self, given, len(through), len(xs), *through, *xs, *saved)  # type: ignore[no-untyped-call]
         return outputs.with_values(dict(zip(outputs.differentiable, results, strict=True)))
 
     def gradients(self, cotangents: list[torch.Tensor]) -> list[torch.Tensor | None]:
@@ -124,18 +129,34 @@ class Call:
                 for k, g in zip(kept, values, strict=True)}
 
 
+def _storages(tensors: list[torch.Tensor]) -> set[int]:
+    """The addresses of the tensors' storages (0 for one that has none to read: taken as shared)."""
+    addresses = set()
+    for t in tensors:
+        try:
+            addresses.add(t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):
+            addresses.add(0)
+    return addresses
+
+
 class _Deferred(torch.autograd.Function):
-    """y − 0.0 for each differentiable output, whose backward gives each argument leaf ``Call.gradients``; what
-    the forward saved is among its inputs, saved and given no derivative."""
+    """Each differentiable output, whose backward gives each argument leaf ``Call.gradients``: one that carries no
+    path of autodiff's is returned as the alias given (a new tensor object, whose history the node sets: no copy of
+    y's elements), one that does (``through``) as y − 0.0, its cotangent passed on to that path. What the forward
+    saved is among the inputs, saved and given no derivative."""
 
     @staticmethod
-    def forward(ctx: Any, call: Call, count: int, xs: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(ctx: Any, call: Call, given: list[torch.Tensor | None], through: int, xs: int,
+                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*tensors[count + xs:])  # (as the mechanism saves them: a change in place raises)
-        ctx.call = call
-        ctx.outputs = [(y.shape, y.dtype, y.device) for y in tensors[:count]]
-        ctx.saved = len(tensors) - count - xs
-        return tuple(torch.sub(y, 0.0) for y in tensors[:count])
+        ctx.save_for_backward(*tensors[through + xs:])  # (as the mechanism saves them: a change in place raises)
+        ctx.call, ctx.through, ctx.saved = call, through, len(tensors) - through - xs
+        passed = iter(tensors[:through])
+        results = tuple(torch.sub(next(passed), 0.0) if y is None else y for y in given)
+        ctx.outputs = [(y.shape, y.dtype, y.device) for y in results]
+        ctx.passed = [y is None for y in given]
+        return results
 
     @staticmethod
     def backward(ctx: Any, *cotangents: torch.Tensor | None) -> tuple[Any, ...]:
@@ -143,4 +164,5 @@ class _Deferred(torch.autograd.Function):
         upstream = [torch.zeros(shape, dtype=dtype, device=device) if ct is None else ct
                     for ct, (shape, dtype, device) in zip(cotangents, ctx.outputs, strict=True)]
         gradients = ctx.call.gradients(upstream)
-        return (None, None, None, *cotangents, *gradients, *[None] * ctx.saved)
+        passed = [ct for ct, through in zip(cotangents, ctx.passed, strict=True) if through]
+        return (None, None, None, None, *passed, *gradients, *[None] * ctx.saved)

@@ -880,6 +880,12 @@ def _deferred_unproven(original):
     return Unproven
 
 
+def _aliases_of_arguments_returned(original):
+    """The deferred node returning every output as the forward's own tensor (issue 75), one that is an argument's
+    elements too: a change in place of the output changes the argument without a word."""
+    return lambda tensors: set()
+
+
 def _compiled_order_1_unguarded(original):
     """PyTorch's compiled order 1 without its guard: a compiled torch.func.hessian gives 0 without a word."""
     return lambda refusal, *tensors: tuple(t.view_as(t) for t in tensors)
@@ -929,6 +935,10 @@ MUTANTS = {
     "a Function's call defers its proof at a signature never proven": Mutant(
         "stopgrad_math.torch.deferred_term", "Call", _deferred_unproven,
         (f"{_DEFERRED}test_a_class_whose_backward_falls_back_gives_pytorchs_double_backward_at_every_call",)),
+    "PyTorch's deferred node returns an argument's own elements": Mutant(
+        "stopgrad_math.torch.deferred_term", "_storages", _aliases_of_arguments_returned,
+        (f"{_DEFERRED}test_an_output_that_is_the_input_is_a_copy_and_a_change_in_place_of_it_leaves_the_input_as_it_"
+         "was",)),
     "the Function face routes a call nothing can differentiate": Mutant(
         "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
         (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),

@@ -137,6 +137,78 @@ def test_an_in_place_change_of_a_saved_tensor_raises_as_pytorchs_does():
             y.sum().backward()
 
 
+
+def _saving_output_forward(ctx, x):
+    y = x.exp()
+    ctx.save_for_backward(y)
+    return y
+
+
+def _saved_output_backward(ctx, g):
+    (y,) = ctx.saved_tensors
+    return g * y
+
+
+def test_an_output_the_forward_saved_changed_in_place_raises_as_pytorchs_does():
+    """The node returns the forward's own output (no copy of its elements), so a change in place of it is seen by
+    the backward that reads it, as with PyTorch's Function, whose output is the tensor it saved."""
+    anchor, ported = _both(_saving_output_forward, _saved_output_backward)
+    for function in (anchor, *[ported] * CALLS):
+        y = function.apply(X.clone().requires_grad_(True))
+        y.mul_(2.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+def _returning_input_forward(ctx, x):
+    return x
+
+
+def _doubling_backward(ctx, g):
+    return 2 * g
+
+
+def test_an_output_that_is_the_input_is_a_copy_and_a_change_in_place_of_it_leaves_the_input_as_it_was():
+    """PyTorch returns a view of the input and refuses its change in place; the node returns a copy (never x's own
+    elements, which a change in place would then change), at every call."""
+    anchor, ported = _both(_returning_input_forward, _doubling_backward)
+    with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+        anchor.apply(X.clone().requires_grad_(True)).add_(1.0)
+    for _ in range(CALLS):
+        x = X.clone().requires_grad_(True)
+        y = ported.apply(x)
+        assert type(y.grad_fn).__name__ == "_DeferredBackward" or _ == 0
+        y.add_(1.0)
+        torch.testing.assert_close(x.detach(), X, rtol=0, atol=0)
+        torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], torch.full_like(X, 2.0), rtol=0, atol=0)
+
+
+OUTSIDE = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)  # a weight the forward reads from outside
+
+
+def _outside_forward(ctx, x):
+    ctx.save_for_backward(x)
+    return x * x * OUTSIDE
+
+
+def _outside_backward(ctx, g):
+    (x,) = ctx.saved_tensors
+    return 2 * x * OUTSIDE.detach() * g
+
+
+def test_a_weight_the_forward_reads_from_outside_keeps_its_path_through_the_node(monkeypatch):
+    """y of such a forward is computed at stop(x), with autodiff's path to the weight (Σx², analytic), which the
+    node passes its cotangent on to; x's gradient is the backward's (2·3·x), at the deferring calls too."""
+    made = _proofs_counted(monkeypatch)
+    _, ported = _both(_outside_forward, _outside_backward)
+    for _ in range(CALLS):
+        x = X.clone().requires_grad_(True)
+        gx, gw = torch.autograd.grad(ported.apply(x).sum(), [x, OUTSIDE])
+        torch.testing.assert_close(gx, 6.0 * X, rtol=0, atol=0)
+        torch.testing.assert_close(gw, (X * X).sum(), rtol=0, atol=0)
+    assert len(made) == 1
+
+
 PASS_WEIGHT = True
 
 
