@@ -9,6 +9,7 @@ traces and differentiates.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 from collections.abc import Sequence
@@ -45,7 +46,30 @@ def registered(traced: aten_graphs.Traced, positions: list[int], kept_examples: 
                                                                              count, outside, name)
     if reason is not None:
         WITHOUT_TRANSPOSE[key] = reason
+    SHAPES[key] = _unchecked(COMPILED[key + 1])
     return key
+
+
+SHAPES: dict[int, torch.fx.GraphModule] = {}
+"""At each key of ``COMPILED``, J·v's graph without its checks of errors (``_unchecked``): what the zero terms'
+shapes are read from."""
+
+_CHECKS = frozenset({torch.ops.aten._linalg_check_errors.default})
+
+
+def _unchecked(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of the graph without its checks of errors (a solve's, which raises on a singular matrix): ops with
+    side effects, which keep the op they check alive where its result is read for its shape alone. The J·v that
+    zero terms are made from is dead (``_KeyedMaps.zeros``), and the compiler drops it only where nothing in it
+    has an effect: a custom root's J·v was two more solves at every compiled step. The checks stay where J·v is
+    used (``_KeyedMaps.transposed``) and in f's own ops."""
+    if not any(node.target in _CHECKS for node in graph.graph.nodes):
+        return graph
+    unchecked = copy.deepcopy(graph)
+    for node in [node for node in unchecked.graph.nodes if node.target in _CHECKS]:
+        unchecked.graph.erase_node(node)
+    unchecked.recompile()
+    return unchecked
 
 
 @torch._dynamo.allow_in_graph  # type: ignore[untyped-decorator]
@@ -89,8 +113,8 @@ class _KeyedMaps:
     numbers: tuple[tuple[int, Any], ...] = ()
 
     def zeros(self, vs: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.zeros_like(p) for p in COMPILED[self.key + 1](*vs, *self._with_numbers(constants))]  # (dead
-        # J·v: DCE'd)
+        return [torch.zeros_like(p) for p in SHAPES[self.key](*vs, *self._with_numbers(constants))]  # (dead J·v:
+        # DCE'd)
 
     def linear(self, cts: Sequence[torch.Tensor], constants: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(COMPILED[self.key](*cts, *self._with_numbers(constants)))

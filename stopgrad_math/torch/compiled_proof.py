@@ -208,8 +208,8 @@ def _forget_what_dynamo_forgot() -> None:
     handler = torch._dynamo.callback.callback_handler
     if _dynamo_has_not_reset in handler.start_callbacks:
         return
-    tables = (_PROVEN_WHILE_COMPILING, compiled_graphs.COMPILED, compiled_graphs.NAMES, _READS, _REFUSALS,
-              compiled_graphs.WITHOUT_TRANSPOSE)
+    tables = (_PROVEN_WHILE_COMPILING, compiled_graphs.COMPILED, compiled_graphs.SHAPES, compiled_graphs.NAMES, _READS,
+              _REFUSALS, compiled_graphs.WITHOUT_TRANSPOSE)
     for table in tables:  # (a reader goes with its f)
         table.clear()
     size_conditions.forget()

@@ -886,6 +886,12 @@ def _aliases_of_arguments_returned(original):
     return lambda tensors: set()
 
 
+def _checked_shapes(original):
+    """The compiled zero terms' shapes read from J·v's graph with its error checks (issue 75): a compiled custom root
+    runs two more solves at every step."""
+    return lambda graph: graph
+
+
 def _compiled_order_1_unguarded(original):
     """PyTorch's compiled order 1 without its guard: a compiled torch.func.hessian gives 0 without a word."""
     return lambda refusal, *tensors: tuple(t.view_as(t) for t in tensors)
@@ -939,6 +945,10 @@ MUTANTS = {
         "stopgrad_math.torch.deferred_term", "_storages", _aliases_of_arguments_returned,
         (f"{_DEFERRED}test_an_output_that_is_the_input_is_a_copy_and_a_change_in_place_of_it_leaves_the_input_as_it_"
          "was",)),
+    "PyTorch's compiled zero terms keep J·v's checked ops alive": Mutant(
+        "stopgrad_math.torch.compiled_graphs", "_unchecked", _checked_shapes,
+        ("tests/torch/test_decorator_compiled.py::test_a_compiled_custom_root_solves_as_often_as_torch_autograd_"
+         "function",)),
     "the Function face routes a call nothing can differentiate": Mutant(
         "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
         (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),
