@@ -324,3 +324,46 @@ def test_a_new_float_at_each_call_defers_and_gives_that_calls_gradient(monkeypat
         want = _gradient(anchor, X, scale)[1]
         assert [tensor_bits(g).tolist() for g in gradient] == [tensor_bits(g).tolist() for g in want]
     assert len(made) == 1
+
+
+def _thread_calls(anchor, ported, k, failures):
+    """Thread k's 24 calls (``test_threads_...``): thread 2 asks second derivatives, thread 3 route() too."""
+    shapes = [X, X[:3], torch.cat([X, X])]
+    try:
+        for i in range(24):
+            x0 = shapes[(i + k) % 3] * (1.0 + 0.125 * k)
+            if k == 3 and i % 4 == 0:
+                assert ported.route(x0).embedded
+            x = x0.clone().requires_grad_(True)
+            v = torch.linspace(-1.0, 2.0, x0.numel(), dtype=torch.float64)
+            expected = torch.autograd.grad(anchor.apply(x), x, v)[0]
+            v.requires_grad_(k == 2)
+            (g,) = torch.autograd.grad(ported.apply(x), x, v, create_graph=k == 2)
+            torch.testing.assert_close(g, expected, rtol=0, atol=0)
+            if k == 2:
+                by_v, by_x = torch.autograd.grad(g.sum(), [v, x])
+                torch.testing.assert_close(by_v, 2 * x0, rtol=0, atol=0)
+                torch.testing.assert_close(by_x, 2 * v.detach(), rtol=0, atol=0)
+    except Exception as error:  # (reported by the test's thread)
+        failures.append(error)
+
+
+def test_threads_proving_and_deferring_one_class_at_once_each_get_pytorchs_gradient():
+    """Four threads call one class at once, on three shapes in turns (each signature proven by whichever thread
+    comes first, deferred by the others), one of them asking second derivatives (proven in its backward: 2·v and
+    2x, analytic), another asking route() (which proves: a thread-local flag): every first derivative is PyTorch's
+    Function's bits, and nothing raises."""
+    import threading
+
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+    anchor, ported = _both(_square_forward, backward)
+    failures: list[Exception] = []
+    threads = [threading.Thread(target=_thread_calls, args=(anchor, ported, k, failures)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
