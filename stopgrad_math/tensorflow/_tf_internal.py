@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record as _record
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import gradients_util as _gradients_util
+from tensorflow.python.saved_model import save_context as _save_context
 from tensorflow.python.util import nest as _nest
 
 could_possibly_record = _record.could_possibly_record
@@ -42,6 +43,11 @@ record_operation = _record.record_operation
 """Records an op on every active tape and accumulator with a backward and a forward function of the library's
 own: tf.custom_gradient does this with a backward alone (an accumulator then differentiates f's ops), and no
 public API takes a forward function. The ``order=2`` term (``recorded_term``) needs both."""
+
+saving = _save_context.in_save_context
+"""Whether ``tf.saved_model.save`` is exporting, which traces the gradient function of every op with a registered
+gradient (given no op) to save it beside the graph: a gradient function that raises while it is traced fails the
+save. No public API says that an export is under way."""
 
 should_record_backprop = _record.should_record_backprop
 """Whether an active tape records ops on these tensors: the decorator's test of whether grad_fn's result depends

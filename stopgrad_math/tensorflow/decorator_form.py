@@ -336,11 +336,17 @@ def _refusal_terms(plan: Plan, terms: dict[int, list[tf.Tensor]]) -> None:
 
 def _refused(zero: tf.Tensor, message: str) -> tf.Tensor:
     """``zero``, whose derivative raises ``message`` as a ValueError: tf.custom_gradient's, which tf.gradients, the
-    tapes and the accumulators all ask (a PreventGradient's LookupError would say "Gradient explicitly disabled")."""
+    tapes and the accumulators all ask (a PreventGradient's LookupError would say "Gradient explicitly disabled").
+    Traced by ``tf.saved_model.save``, which traces every registered gradient to save it (and where raising would
+    fail the save, which tf.custom_gradient's would not), the derivative raises ``message`` where it runs, an
+    InvalidArgumentError: a reloaded model refuses the argument's gradient where it is asked."""
 
     @tf.custom_gradient  # type: ignore[untyped-decorator]
     def refused(zero: tf.Tensor) -> Any:
         def gradient(upstream: tf.Tensor) -> tf.Tensor:
+            if _tf_internal.saving():
+                with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+                    return tf.zeros_like(upstream)
             raise ValueError(message)
 
         return tf.identity(zero), gradient

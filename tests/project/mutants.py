@@ -892,6 +892,12 @@ def _checked_shapes(original):
     return lambda graph: graph
 
 
+def _never_saving(original):
+    """TensorFlow's refusal of a wrong gradient raised while tf.saved_model.save traces it (issue 77): the save
+    fails, where tf.custom_gradient's saves."""
+    return lambda: False
+
+
 def _compiled_order_1_unguarded(original):
     """PyTorch's compiled order 1 without its guard: a compiled torch.func.hessian gives 0 without a word."""
     return lambda refusal, *tensors: tuple(t.view_as(t) for t in tensors)
@@ -949,6 +955,10 @@ MUTANTS = {
         "stopgrad_math.torch.compiled_graphs", "_unchecked", _checked_shapes,
         ("tests/torch/test_decorator_compiled.py::test_a_compiled_custom_root_solves_as_often_as_torch_autograd_"
          "function",)),
+    "TensorFlow's refusal of a wrong gradient raises while a SavedModel is saved": Mutant(
+        "stopgrad_math.tensorflow._tf_internal", "saving", _never_saving,
+        ("tests/tensorflow/test_decorator_form.py::test_a_grad_fn_giving_a_scalar_argument_an_unsummed_gradient_saves_"
+         "and_refuses_it_where_it_is_asked",)),
     "the Function face routes a call nothing can differentiate": Mutant(
         "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
         (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),

@@ -624,6 +624,51 @@ def test_order_2_under_a_vectorized_map_of_unknown_batch_loses_its_gradient_the_
     np.testing.assert_allclose(through_vectorized_map(tf.custom_gradient(halved)), 2 * declared, rtol=1e-6)
 
 
+
+def _clip_with_bounds_gradients(x, low, high):
+    """HGQ's clip, restated: the bounds are scalars, and grad_fn gives them gradients of x's shape (unsummed)."""
+    def grad_fn(dy):
+        inside = tf.cast((x >= low) & (x <= high), dy.dtype)
+        return dy * inside, dy * tf.cast(x < low, dy.dtype), dy * tf.cast(x > high, dy.dtype)
+
+    return tf.clip_by_value(x, low, high), grad_fn
+
+
+def _saved_and_loaded(module, path):
+    tf.saved_model.save(module, str(path))
+    return tf.saved_model.load(str(path))
+
+
+def test_a_grad_fn_giving_a_scalar_argument_an_unsummed_gradient_saves_and_refuses_it_where_it_is_asked(tmp_path):
+    """Issue 77: a gradient refused for an argument (here a bound's, of x's shape for a scalar) is refused where
+    that argument's derivative is asked; tf.saved_model.save traces every registered gradient, and the refusal
+    raised there, failing the save (tf.custom_gradient's fails at the gradient itself, before and after saving,
+    over an unknown batch). Bounds made inside (HGQ's): it saves, and x's gradient after reloading is the declared
+    one (1 inside the bounds, 0 outside: analytic). A bound given as an input: the gradient raises naming it before
+    saving (tf.function differentiates every input of the function at once) and after reloading, where it runs."""
+    signature = [tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.float32)]
+
+    class Clip(tf.Module):
+        @tf.function(input_signature=signature)
+        def __call__(self, x, low):
+            return custom_gradient(_clip_with_bounds_gradients)(x, tf.constant(-1.0), tf.constant(1.0))
+
+    class ClipOfBound(tf.Module):
+        @tf.function(input_signature=signature)
+        def __call__(self, x, low):
+            return custom_gradient(_clip_with_bounds_gradients)(x, low, tf.constant(1.0))
+
+    x, low = tf.constant([-2.0, 0.5, 2.0]), tf.constant(-1.0)
+    for clip in (Clip(), _saved_and_loaded(Clip(), tmp_path / "inside")):
+        np.testing.assert_array_equal(vjp(lambda x, clip=clip: clip(x, low), x, tf.ones(3)), [0.0, 1.0, 0.0])
+    with pytest.raises(ValueError, match=r"args\[1\]"):
+        vjp(lambda x: ClipOfBound()(x, low), x, tf.ones(3))
+    loaded = _saved_and_loaded(ClipOfBound(), tmp_path / "input")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"args\[1\]"):
+        vjp(lambda x: loaded(x, low), x, tf.ones(3))
+
+
+
 @pytest.mark.parametrize("custom_gradients", [True, False])
 def test_saved_model_round_trip(tmp_path, custom_gradients):
     class Model(tf.Module):

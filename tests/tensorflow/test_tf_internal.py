@@ -157,3 +157,31 @@ def test_a_gradient_is_possible_where_a_tape_or_an_accumulator_watches_a_tensor(
         assert _tf_internal.gradient_possible([x])
         assert not _tf_internal.should_record_backprop([x])  # why the tapes alone do not answer it
         assert not _tf_internal.gradient_possible([other])
+
+
+def test_saving_is_true_while_a_saved_model_traces_its_registered_gradients(tmp_path):
+    """What ``_refused`` reads: tf.saved_model.save traces each registered gradient function with the export under
+    way, and no other code sees it so."""
+    seen = []
+
+    @tf.custom_gradient
+    def doubled(x):
+        def gradient(dy):
+            seen.append(_tf_internal.saving())
+            return 2 * dy
+        return tf.identity(x), gradient
+
+    class Module(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([2], tf.float32)])
+        def __call__(self, x):
+            return doubled(x)
+
+    assert not _tf_internal.saving()
+    tf.saved_model.save(Module(), str(tmp_path))
+    assert seen == [True]
+    with tf.GradientTape() as tape:
+        x = tf.constant([1.0, 2.0])
+        tape.watch(x)
+        y = doubled(x)
+    tape.gradient(y, x)
+    assert seen == [True, False]
