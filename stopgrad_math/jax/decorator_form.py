@@ -51,7 +51,14 @@ from jax.extend import core
 from jax.extend import linear_util as lu
 from jax.interpreters import partial_eval as pe
 
-from stopgrad_math.jax import identity, linear_primitives, second_derivative_guard, sole_derivative, vjp_closure
+from stopgrad_math.jax import (
+    identity,
+    linear_primitives,
+    masked_selects,
+    second_derivative_guard,
+    sole_derivative,
+    vjp_closure,
+)
 from stopgrad_math.jax.vjp_conventions import Leaves, argument_cotangents, call_f, is_differentiable, name_of
 from stopgrad_math.shared import arguments as arguments_of
 from stopgrad_math.shared import bounded_cache, linearity, nesting
@@ -88,9 +95,11 @@ class _LinearMap:
     cotangents: list[jax.ShapeDtypeStruct]  # one per differentiable output
     arguments: list[int]  # per kept result: the argument leaf it is the cotangent of
     kept: list[int]  # the positions of the kept results among the jaxpr's
+    masked: masked_selects.Masked | None = None  # the map with its selects masked at their sources, where it has any
 
     def __call__(self, *cts: jax.Array, consts: list[Any]) -> list[jax.Array]:
-        results = core.jaxpr_as_fun(core.ClosedJaxpr(self.jaxpr.jaxpr, consts))(*cts)
+        results = core.jaxpr_as_fun(core.ClosedJaxpr(self.jaxpr.jaxpr, consts))(*cts) if self.masked is None else (
+            self.masked(consts, *cts))
         return [results[j] for j in self.kept]
 
 
@@ -158,7 +167,7 @@ def _traced(f: Callable[..., Any], vjp: Callable[[Any], Any], args: tuple[Any, .
     kept = [linearity.kept(state, name_of(f), leaves.labels[k], leaves.values[k], k in leaves.differentiable,
                            "stopgrad_math.jax.linear_primitives") for k, state in zip(found, states, strict=True)]
     return _LinearMap(closed, avals, [k for k, keep in zip(found, kept, strict=True) if keep],
-                      [j for j, keep in enumerate(kept) if keep])
+                      [j for j, keep in enumerate(kept) if keep], masked_selects.masked(closed))
 
 
 # ---------------------------------------------------------------- the embedding

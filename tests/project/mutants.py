@@ -898,6 +898,12 @@ def _never_saving(original):
     return lambda: False
 
 
+def _selects_unmasked(original):
+    """JAX's J·v transposing a guarded division as written (issue 77): the select's transpose runs before the
+    division's, and ``where(r > 0, g / r, 0)`` gives NaN in forward mode at r = 0, where the declared element is 0."""
+    return lambda closed: None
+
+
 def _compiled_order_1_unguarded(original):
     """PyTorch's compiled order 1 without its guard: a compiled torch.func.hessian gives 0 without a word."""
     return lambda refusal, *tensors: tuple(t.view_as(t) for t in tensors)
@@ -959,6 +965,9 @@ MUTANTS = {
         "stopgrad_math.tensorflow._tf_internal", "saving", _never_saving,
         ("tests/tensorflow/test_decorator_form.py::test_a_grad_fn_giving_a_scalar_argument_an_unsummed_gradient_saves_"
          "and_refuses_it_where_it_is_asked",)),
+    "JAX's transpose divides after the select that discarded the quotient": Mutant(
+        "stopgrad_math.jax.masked_selects", "masked", _selects_unmasked,
+        ("tests/jax/test_masked_selects.py::test_jacfwd_equals_jacrev_and_the_declared_jacobian_at_a_zero_row",)),
     "the Function face routes a call nothing can differentiate": Mutant(
         "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
         (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),
