@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from stopgrad_math.shared.linearity import Judged, State
-from stopgrad_math.torch import linear_ops
+from stopgrad_math.torch import linear_ops, masked_selects
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -336,12 +336,16 @@ def _copied(self: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
 @_exclusively
 def _differentiable(traced: Traced) -> fx.GraphModule:
     """The traced graph as ops autograd and torch.func differentiate as the map: a stop on the cotangent's path an
-    alias (a no-op in the backward it was traced as), any other a ``_stopped``; ``copy`` written as ``_copied``."""
+    alias (a no-op in the backward it was traced as), any other a ``_stopped``; ``copy`` written as ``_copied``; a
+    ``where`` applied at the sources of the case it keeps too (``masked_selects``: its transpose keeps what it
+    discards zero)."""
     stops = _cotangent_stops(traced)
     copies = [n for n in traced.graph.graph.nodes if linear_ops.op_name(n.target) == "copy"]
-    if not stops and not copies and not _markers(traced.graph.graph):
+    if not stops and not copies and not _markers(traced.graph.graph) and not masked_selects.masked(
+            traced.graph.graph, traced.arguments):
         return traced.graph
     module = copy.deepcopy(traced.graph)
+    masked_selects.apply(module.graph, masked_selects.masked(module.graph, traced.arguments))
     by_name = {n.name: n for n in module.graph.nodes}
     for node in stops:
         by_name[node.name].target = torch.ops.aten.alias.default

@@ -904,6 +904,12 @@ def _selects_unmasked(original):
     return lambda closed: None
 
 
+def _wheres_unmasked(original):
+    """PyTorch's J·v transposing a guarded division as written (issue 77): ``torch.where(r > 0, g / r, 0)`` gives
+    NaN in forward mode at r = 0, where the declared element is 0."""
+    return lambda graph, cotangents: []
+
+
 def _compiled_order_1_unguarded(original):
     """PyTorch's compiled order 1 without its guard: a compiled torch.func.hessian gives 0 without a word."""
     return lambda refusal, *tensors: tuple(t.view_as(t) for t in tensors)
@@ -968,6 +974,9 @@ MUTANTS = {
     "JAX's transpose divides after the select that discarded the quotient": Mutant(
         "stopgrad_math.jax.masked_selects", "masked", _selects_unmasked,
         ("tests/jax/test_masked_selects.py::test_jacfwd_equals_jacrev_and_the_declared_jacobian_at_a_zero_row",)),
+    "PyTorch's transpose divides after the where that discarded the quotient": Mutant(
+        "stopgrad_math.torch.masked_selects", "masked", _wheres_unmasked,
+        ("tests/torch/test_masked_selects.py::test_jacfwd_equals_jacrev_and_the_declared_jacobian_at_a_zero_row",)),
     "the Function face routes a call nothing can differentiate": Mutant(
         "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
         (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),

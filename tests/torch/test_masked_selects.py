@@ -1,0 +1,154 @@
+"""Issue 77 on PyTorch: an element that the VJP's own ``where`` discards contributes exactly zero to forward mode,
+whatever the discarded branch computes. The transpose of the VJP's map ran ``where``'s transpose before the
+division's, so ``torch.where(r > 0, g / r, 0)`` gave ``0 / 0`` (NaN) under ``torch.func.jvp``, ``forward_ad`` and
+``jacfwd`` at r = 0, where the declared Jacobian's element is 0 (``masked_selects``).
+
+The truths are the declared Jacobians written out (analytic, float64), over grids that put the guarded point (0, a
+zero row, ±inf, NaN) in one element at a time; reverse mode is held to the unmasked map's bits."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.autograd.forward_ad as forward_ad  # noqa: E402
+from torch_modes import bits  # noqa: E402
+
+import stopgrad_math.torch as sgm  # noqa: E402
+from stopgrad_math.torch import masked_selects  # noqa: E402
+
+ORDERS = [1, 2]
+ROWS = torch.tensor([[3.0, 4.0], [1.0, -2.0], [0.5, 0.5]], dtype=torch.float64)
+
+
+def _safe_norm(x):  # a safe norm's VJP: the quotient selected away on a zero row
+    r = x.norm(dim=1, keepdim=True)
+    return r, lambda g: torch.where(r > 0, g / r, 0.0) * x
+
+
+def _safe_norm_jacobian(x):
+    r = x.norm(dim=1, keepdim=True)
+    return torch.where(r > 0, x / torch.where(r > 0, r, 1.0), 0.0)  # ∂r_i/∂x_ij, declared 0 on a zero row
+
+
+def _reciprocal_slope(x):  # y = x, its gradient declared 2g / x, guarded at 0: two elementwise ops before the where
+    return x * 1.0, lambda g: torch.where(x != 0, (2.0 * g) / x, torch.zeros_like(g))
+
+
+def _finite_slope(x):  # y = x, its gradient declared g·x where x is finite, 0 at ±inf and NaN
+    return x * 1.0, lambda g: torch.where(torch.isfinite(x), g * x, 0.0)
+
+
+_POINTS = torch.tensor([0.5, -2.0, 4.0], dtype=torch.float64)
+CASES = {
+    "safe norm at a zero row": (_safe_norm, _safe_norm_jacobian, lambda k: ROWS * (torch.arange(3) != k)[:, None]),
+    "2g / x at x = 0": (_reciprocal_slope, lambda x: torch.where(x != 0, 2.0 / torch.where(x != 0, x, 1.0), 0.0),
+                        lambda k: _POINTS * (torch.arange(3) != k)),
+    "g·x at a non-finite x": (_finite_slope, lambda x: torch.where(torch.isfinite(x), x, 0.0),
+                              lambda k: torch.where(torch.arange(3) == k, [math.inf, -math.inf, math.nan][k],
+                                                    _POINTS)),
+}
+
+
+def _tangent_truth(case, x, tangent):
+    jacobian = CASES[case][1](x)
+    product = torch.where(jacobian == 0, 0.0, jacobian * tangent)
+    return product.sum(dim=1, keepdim=True) if case == "safe norm at a zero row" else product
+
+
+def _forward_ad(f, x, tangent):
+    with forward_ad.dual_level():
+        return forward_ad.unpack_dual(f(forward_ad.make_dual(x, tangent))).tangent
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("guarded", range(3))
+@pytest.mark.parametrize("mode", ["torch.func.jvp", "forward_ad", "vmap(jvp)"])
+def test_forward_mode_gives_the_declared_jacobian_where_the_vjp_selects_away_a_division(order, case, guarded, mode):
+    function, _, point = CASES[case]
+    f = sgm.custom_gradient(function, order=order)
+    x = point(guarded)
+    tangent = torch.linspace(-1.0, 2.0, x.numel(), dtype=torch.float64).reshape(x.shape)
+    if mode == "torch.func.jvp":
+        got = torch.func.jvp(f, (x,), (tangent,))[1]
+    elif mode == "forward_ad":
+        got = _forward_ad(f, x, tangent)
+    else:
+        got = torch.func.vmap(lambda x, t: torch.func.jvp(f, (x,), (t,))[1])(
+            torch.stack([x, x]), torch.stack([tangent, 2.0 * tangent]))[1]
+        tangent = 2.0 * tangent
+    torch.testing.assert_close(got, _tangent_truth(case, x, tangent), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_jacfwd_equals_jacrev_and_the_declared_jacobian_at_a_zero_row(order):
+    f = sgm.custom_gradient(_safe_norm, order=order)
+    x = torch.tensor([[0.0, 0.0], [3.0, 4.0]], dtype=torch.float64)
+    expected = torch.zeros(2, 1, 2, 2, dtype=torch.float64)
+    for i in range(2):
+        expected[i, 0, i] = _safe_norm_jacobian(x)[i]
+    torch.testing.assert_close(torch.func.jacfwd(f)(x), expected, rtol=1e-15, atol=0)
+    torch.testing.assert_close(torch.func.jacrev(f)(x), expected, rtol=1e-15, atol=0)
+
+
+class SafeNorm(sgm.Function):
+    """The safe norm as a Function, its backward the guarded division (the benchmarks' real-code case)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        r = x.norm(dim=1, keepdim=True)
+        ctx.save_for_backward(x, r)
+        return r
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, r = ctx.saved_tensors
+        return torch.where(r > 0, grad / r, torch.zeros_like(r)) * x
+
+
+def test_a_functions_guarded_backward_gives_the_declared_tangent_eagerly_and_compiled():
+    x = ROWS * (torch.arange(3) != 1)[:, None]
+    tangent = torch.linspace(-1.0, 2.0, 6, dtype=torch.float64).reshape(3, 2)
+    expected = _tangent_truth("safe norm at a zero row", x, tangent)
+    torch.testing.assert_close(torch.func.jvp(SafeNorm.apply, (x,), (tangent,))[1], expected, rtol=1e-14, atol=0)
+    compiled = torch.compile(lambda x, t: _forward_ad(SafeNorm.apply, x, t), fullgraph=True)
+    torch.testing.assert_close(compiled(x, tangent), expected, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("case", CASES)
+def test_reverse_mode_is_the_unmasked_maps_bits(monkeypatch, order, case):
+    """The where applied to its sources too keeps every value it keeps and discards the others again: the gradient
+    is the map's own, bit for bit, at each guarded point."""
+    function, _, point = CASES[case]
+    results = []
+    for masking in (True, False):
+        if not masking:
+            monkeypatch.setattr(masked_selects, "masked", lambda graph, cotangents: [])
+        f = sgm.custom_gradient(function, order=order)
+        gradients = []
+        for k in range(3):
+            x = point(k).clone().requires_grad_(True)
+            y = f(x)
+            gradients.append(bits(torch.autograd.grad(y, x, torch.arange(1.0, 1.0 + y.numel(),
+                                                                          dtype=y.dtype).reshape(y.shape))[0]))
+        results.append(gradients)
+    for masked, unmasked in zip(*results, strict=True):
+        np.testing.assert_array_equal(masked, unmasked)
+
+
+def test_a_quotient_read_besides_the_where_is_not_masked():
+    """A quotient read twice (selected away once, kept whole once) is left as it is: at x = 0 the tangent is the
+    declared Jacobian's element, 0 + 0.5·(1/0) = inf."""
+    def read_twice(x):
+        def vjp(g):
+            q = g / x
+            return torch.where(x != 0, q, 0.0) + 0.5 * q
+        return x * 1.0, vjp
+
+    x = torch.tensor([2.0, 0.0], dtype=torch.float64)
+    got = torch.func.jvp(sgm.custom_gradient(read_twice), (x,), (torch.ones_like(x),))[1]
+    assert got[0] == 0.75 and got[1] == math.inf
