@@ -341,12 +341,12 @@ def _differentiable(traced: Traced) -> fx.GraphModule:
     discards zero)."""
     stops = _cotangent_stops(traced)
     copies = [n for n in traced.graph.graph.nodes if linear_ops.op_name(n.target) == "copy"]
-    if not stops and not copies and not _markers(traced.graph.graph) and not masked_selects.masked(
-            traced.graph.graph, traced.arguments):
+    masks = masked_selects.masked(traced.graph.graph, traced.arguments)
+    if not stops and not copies and not masks and not _markers(traced.graph.graph):
         return traced.graph
     module = copy.deepcopy(traced.graph)
-    masked_selects.apply(module.graph, masked_selects.masked(module.graph, traced.arguments))
     by_name = {n.name: n for n in module.graph.nodes}
+    masked_selects.apply(module.graph, masks, by_name)
     for node in stops:
         by_name[node.name].target = torch.ops.aten.alias.default
     for node in copies:

@@ -151,7 +151,7 @@ class _Deferred(torch.autograd.Function):
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*tensors[through + xs:])  # (as the mechanism saves them: a change in place raises)
-        ctx.call, ctx.through, ctx.saved = call, through, len(tensors) - through - xs
+        ctx.call, ctx.saved = call, len(tensors) - through - xs
         passed = iter(tensors[:through])
         results = tuple(torch.sub(next(passed), 0.0) if y is None else y for y in given)
         ctx.outputs = [(y.shape, y.dtype, y.device) for y in results]

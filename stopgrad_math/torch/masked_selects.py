@@ -24,6 +24,8 @@ import dataclasses
 import torch
 from torch import fx
 
+from stopgrad_math.torch.linear_ops import op_name
+
 _WHERE = torch.ops.aten.where.self
 _ELEMENTWISE = frozenset({"mul", "div", "neg", "_to_copy", "add", "sub"})
 """Elementwise ops linear in an operand that carries the cotangent: masking that operand where their result is
@@ -71,7 +73,7 @@ class _Walk:
     def push(self, node: fx.Node, condition: fx.Node, kept_where: bool, shape: torch.Size) -> None:
         """Masks the operands of ``node`` that carry the cotangent, and theirs in turn, where ``node`` is an
         elementwise op read once, after the condition is computed."""
-        if node.op != "call_function" or _name(node) not in _ELEMENTWISE or len(node.users) != 1 or \
+        if node.op != "call_function" or op_name(node.target) not in _ELEMENTWISE or len(node.users) != 1 or \
                 self.order[condition] >= self.order[node]:
             return
         for operand, value in enumerate(node.args):
@@ -80,19 +82,16 @@ class _Walk:
                 self.push(value, condition, kept_where, shape)
 
 
-def apply(graph: fx.Graph, masks: list[_Mask]) -> None:
-    """Each mask's operand replaced by ``where(condition, operand, 0)`` (or the other way round), in place."""
+def apply(graph: fx.Graph, masks: list[_Mask], by_name: dict[str, fx.Node]) -> None:
+    """Each mask's operand replaced by ``where(condition, operand, 0)`` (or the other way round), in place, in a
+    copy of the graph the masks were found in (``by_name``: its nodes by name)."""
     for mask in masks:
-        value = mask.node.args[mask.operand]
-        with graph.inserting_before(mask.node):
+        node, condition = by_name[mask.node.name], by_name[mask.condition.name]
+        value = node.args[mask.operand]
+        with graph.inserting_before(node):
             zeros = graph.call_function(torch.ops.aten.zeros_like.default, (value,))
             cases = (value, zeros) if mask.kept_where else (zeros, value)
-            mask.node.update_arg(mask.operand, graph.call_function(_WHERE, (mask.condition, *cases)))
-
-
-def _name(node: fx.Node) -> str:
-    packet = getattr(node.target, "overloadpacket", None)
-    return getattr(packet, "__name__", "")
+            node.update_arg(mask.operand, graph.call_function(_WHERE, (condition, *cases)))
 
 
 def _shape(node: fx.Node) -> torch.Size | None:

@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from packaging.version import Version  # noqa: E402
+from test_ported_functions import RIGHT_HAND_SIDES, WELL_CONDITIONED, LinearSolve, linear_solve  # noqa: E402
 from torch_modes import COMPILED_MODES, bits, fresh_compilation, ours  # noqa: E402
 
 import stopgrad_math.torch as sgm  # noqa: E402
@@ -494,31 +495,11 @@ def test_a_compiled_custom_root_solves_as_often_as_torch_autograd_function():
     error checks (ops with an effect): two more solves at every step (1.95× the anchor at 256×512). A solve
     y = A⁻¹b with its adjoint gradient, at order 2 (the compiled carrier): one solve in the forward, f's, as
     torch.autograd.Function of the same rule (the backward's are the partitioner's choice: torch 2.14 solves for y
-    again there, where 2.13 keeps it); the gradients are autodiff's of torch.linalg.solve."""
-    generator = torch.Generator().manual_seed(0)
-    a = torch.eye(4, dtype=torch.float64) * 2 + torch.randn(4, 4, generator=generator, dtype=torch.float64) / 4
-    b = torch.randn(4, 3, generator=generator, dtype=torch.float64)
-
-    def root(a, b):
-        y = torch.linalg.solve(a, b)
-
-        def vjp(ct):
-            adjoint = torch.linalg.solve(a.mT, ct)
-            return -adjoint @ y.mT, adjoint
-        return y, vjp
-
-    class Root(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, a, b):
-            y, ctx.vjp = root(a, b)
-            return y
-
-        @staticmethod
-        def backward(ctx, ct):
-            return ctx.vjp(ct)
-
-    anchor, _ = _solve_steps(Root.apply, a, b)
-    ours, gradients = _solve_steps(sgm.custom_gradient(root, order=2), a, b)
+    again there, where 2.13 keeps it); the gradients are autodiff's of torch.linalg.solve. The solve, its Function
+    and its matrices are the ported ones (test_ported_functions)."""
+    a, b = WELL_CONDITIONED, RIGHT_HAND_SIDES
+    anchor, _ = _solve_steps(LinearSolve.apply, a, b)
+    ours, gradients = _solve_steps(sgm.custom_gradient(linear_solve.undecorated, order=2), a, b)
     assert ours == anchor == 1
     for got, want in zip(gradients, _solve_steps(torch.linalg.solve, a, b)[1], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -174,10 +174,10 @@ def test_an_output_that_is_the_input_is_a_copy_and_a_change_in_place_of_it_leave
     anchor, ported = _both(_returning_input_forward, _doubling_backward)
     with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
         anchor.apply(X.clone().requires_grad_(True)).add_(1.0)
-    for _ in range(CALLS):
+    for call in range(CALLS):
         x = X.clone().requires_grad_(True)
         y = ported.apply(x)
-        assert type(y.grad_fn).__name__ == "_DeferredBackward" or _ == 0
+        assert type(y.grad_fn).__name__ == "_DeferredBackward" or call == 0  # (the first call proves)
         y.add_(1.0)
         torch.testing.assert_close(x.detach(), X, rtol=0, atol=0)
         torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], torch.full_like(X, 2.0), rtol=0, atol=0)
