@@ -15,7 +15,11 @@ the same select applied to those ops' inputs too: the same values, bit for
 bit (where the select keeps an element, it keeps it from the input; where it
 discards it, it discards it again), and a transpose that selects after each
 of those ops, so a discarded element is +0.0 in J·v whatever the op computes
-there (inf, NaN, a division by zero).
+there (inf, NaN, a division by zero). A division's divisor, which the
+cotangent does not carry, is given 1 where the quotient is discarded (the
+"double where"): at order 2 reverse over reverse differentiates the VJP
+through the divisor, ``−g / r²`` at ``r = 0``, and the discarded element's
+share of it is then 0, as forward over reverse gives it.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ discarded changes no value the select keeps."""
 
 @dataclasses.dataclass(frozen=True)
 class _Mask:
-    """Keep case ``case`` of a ``select_n`` of ``count`` cases by ``predicate`` (a node), zeros elsewhere."""
+    """Keep case ``case`` of a ``select_n`` of ``count`` cases by ``predicate`` (a node), ``fill`` elsewhere (0 for
+    what carries the cotangent, 1 for a divisor)."""
 
     predicate: object
     case: int
     count: int
+    fill: float = 0.0
 
 
 @dataclasses.dataclass
@@ -79,8 +85,8 @@ class Masked:
 
 
 def _selected(predicate: Any, mask: _Mask, value: Any) -> Any:
-    zeros = lax.full_like(value, 0)
-    return lax.select_n(predicate, *[value if j == mask.case else zeros for j in range(mask.count)])
+    filled = lax.full_like(value, mask.fill)
+    return lax.select_n(predicate, *[value if j == mask.case else filled for j in range(mask.count)])
 
 
 def _bound(eqn: Any, operands: list[Any]) -> list[Any]:
@@ -180,12 +186,17 @@ class _Graph:
 
     def push(self, node: object, mask: _Mask, shape: tuple[int, ...]) -> None:
         """Masks the operands of the op that makes ``node`` that carry the cotangent, and theirs in turn, where
-        that op is elementwise, ``node`` is read once, and the predicate is known before it."""
+        that op is elementwise, ``node`` is read once, and the predicate is known before it; and a division's
+        divisor of the same shape."""
         k = self.made.get(node)
         if k is None or self.uses.get(node) != 1 or self.steps[k].eqn.primitive.name not in _ELEMENTWISE or \
                 self.made.get(mask.predicate, -1) >= k:
             return
         for j, atom in enumerate(self.steps[k].reads):
-            if self.carries(atom) and self.shapes.get(atom) == (shape, False):
+            if isinstance(atom, core.Literal) or self.shapes.get(atom) != (shape, False):
+                continue
+            if self.carries(atom):
                 self.masks.setdefault(k, {})[j] = mask
                 self.push(atom, mask, shape)
+            elif self.steps[k].eqn.primitive.name == "div" and j == 1:
+                self.masks.setdefault(k, {})[j] = dataclasses.replace(mask, fill=1.0)

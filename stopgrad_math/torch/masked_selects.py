@@ -14,7 +14,12 @@ of the elementwise linear ops that make the case it keeps (``mul``, ``div``,
 bit for bit (where it keeps an element, it keeps it from the input; where it
 discards it, it discards it again), and a transpose that selects after each
 of those ops, so a discarded element is +0.0 in J·v whatever the op computes
-there. The JAX namespace's ``masked_selects`` is the same rule on a jaxpr.
+there. A division's divisor, which the cotangent does not carry, is given 1
+where the quotient is discarded (the "double where"): at order 2 a second
+derivative differentiates the VJP through the divisor, ``−g / r²`` at
+``r = 0``, and the discarded element's share of it is then 0, as the
+mechanism's double backward gives it. The JAX namespace's ``masked_selects``
+is the same rule on a jaxpr.
 """
 
 from __future__ import annotations
@@ -34,12 +39,14 @@ discarded changes no value the select keeps."""
 
 @dataclasses.dataclass(frozen=True)
 class _Mask:
-    """Operand ``operand`` of ``node`` kept where ``condition`` is ``kept_where`` (zeros elsewhere)."""
+    """Operand ``operand`` of ``node`` kept where ``condition`` is ``kept_where``, ``fill`` elsewhere (0 for what
+    carries the cotangent, 1 for a divisor)."""
 
     node: fx.Node
     operand: int
     condition: fx.Node
     kept_where: bool
+    fill: float = 0.0
 
 
 def masked(graph: fx.Graph, cotangents: int) -> list[_Mask]:
@@ -72,25 +79,29 @@ class _Walk:
 
     def push(self, node: fx.Node, condition: fx.Node, kept_where: bool, shape: torch.Size) -> None:
         """Masks the operands of ``node`` that carry the cotangent, and theirs in turn, where ``node`` is an
-        elementwise op read once, after the condition is computed."""
-        if node.op != "call_function" or op_name(node.target) not in _ELEMENTWISE or len(node.users) != 1 or \
-                self.order[condition] >= self.order[node]:
+        elementwise op read once, after the condition is computed; and a division's divisor of the same shape."""
+        name = op_name(node.target) if node.op == "call_function" else None
+        if name not in _ELEMENTWISE or len(node.users) != 1 or self.order[condition] >= self.order[node]:
             return
         for operand, value in enumerate(node.args):
-            if isinstance(value, fx.Node) and value in self.carrying and _shape(value) == shape:
+            if not isinstance(value, fx.Node) or _shape(value) != shape:
+                continue
+            if value in self.carrying:
                 self.masks.append(_Mask(node, operand, condition, kept_where))
                 self.push(value, condition, kept_where, shape)
+            elif name == "div" and operand == 1:
+                self.masks.append(_Mask(node, operand, condition, kept_where, fill=1.0))
 
 
 def apply(graph: fx.Graph, masks: list[_Mask], by_name: dict[str, fx.Node]) -> None:
-    """Each mask's operand replaced by ``where(condition, operand, 0)`` (or the other way round), in place, in a
+    """Each mask's operand replaced by ``where(condition, operand, fill)`` (or the other way round), in place, in a
     copy of the graph the masks were found in (``by_name``: its nodes by name)."""
     for mask in masks:
         node, condition = by_name[mask.node.name], by_name[mask.condition.name]
         value = node.args[mask.operand]
         with graph.inserting_before(node):
-            zeros = graph.call_function(torch.ops.aten.zeros_like.default, (value,))
-            cases = (value, zeros) if mask.kept_where else (zeros, value)
+            filled = graph.call_function(torch.ops.aten.full_like.default, (value, mask.fill))
+            cases = (value, filled) if mask.kept_where else (filled, value)
             node.update_arg(mask.operand, graph.call_function(_WHERE, (condition, *cases)))
 
 

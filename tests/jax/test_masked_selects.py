@@ -138,3 +138,73 @@ def test_a_case_the_map_reads_besides_the_select_is_not_masked():
     got = jax.jvp(sgm.custom_gradient(read_twice), (jnp.array([2.0, 0.0]),), (jnp.array([1.0, 1.0]),))[1]
     np.testing.assert_allclose(got[0], 0.75, rtol=1e-15)
     assert got[1] == np.inf
+
+
+def _safe_norm_of_safe_sqrt(x):  # the safe norm with r's own derivative finite at a zero row (a double where)
+    s = jnp.sum(x * x, axis=1, keepdims=True)
+    r = jnp.where(s > 0, jnp.sqrt(jnp.where(s > 0, s, 1.0)), 0.0)
+    return r, lambda g: (jnp.where(r > 0, g / r, 0.0) * x,)
+
+
+def _declared_gradient_jacobian(case, x):
+    """The Jacobian of the declared gradient of Σy (g = 1), flattened: −2/x² on the diagonal for 2g / x, (I − uuᵀ)/r
+    on a row of norm r (u = x/r) for the safe norm; 0 at the guarded element or row, whose quotient the select
+    discards."""
+    if case == "2g / x at x = 0":
+        return np.diag(np.where(x != 0, -2.0 / np.where(x != 0, x, 1.0) ** 2, 0.0))
+    blocks = np.zeros((x.size, x.size))
+    for i, row in enumerate(x):
+        r = np.linalg.norm(row)
+        if r > 0:
+            blocks[2 * i:2 * i + 2, 2 * i:2 * i + 2] = (np.eye(2) - np.outer(row, row) / r ** 2) / r
+    return blocks
+
+
+SECOND_ORDER_CASES = {"2g / x at x = 0": (_reciprocal_slope, CASES["2g / x at x = 0"][2]),
+                      "safe norm, r by a safe sqrt": (_safe_norm_of_safe_sqrt, CASES["safe norm at a zero row"][2])}
+
+
+@pytest.mark.parametrize("case", SECOND_ORDER_CASES)
+@pytest.mark.parametrize("guarded", range(3))
+@pytest.mark.parametrize("mode", ["jacrev(grad)", "jacfwd(grad)", "jacrev(jacfwd)", "hessian"])
+def test_second_derivatives_at_order_2_give_the_guarded_point_zero(case, guarded, mode):
+    """At order 2 reverse over reverse differentiates the VJP through the divisor too (−g/x² at x = 0, times the
+    select's zero: NaN). The divisor is given 1 where the quotient is discarded, so every mode gives the declared
+    gradient's Jacobian, 0 at the guarded point (``jax.custom_vjp`` with x as its residual gives NaN there)."""
+    function, point = SECOND_ORDER_CASES[case]
+    f = sgm.custom_gradient(function, order=2)
+    x = jnp.asarray(point(guarded))
+    total = lambda x: jnp.sum(f(x))  # noqa: E731
+    if mode == "jacrev(jacfwd)":
+        got = jax.jacrev(lambda x: jax.jacfwd(f)(x).reshape(-1, x.size).sum(0))(x)
+    else:
+        got = {"jacrev(grad)": jax.jacrev(jax.grad(total)), "jacfwd(grad)": jax.jacfwd(jax.grad(total)),
+               "hessian": jax.hessian(total)}[mode](x)
+    got = np.asarray(got).reshape(x.size, x.size)
+    expected = _declared_gradient_jacobian("2g / x at x = 0" if case == "2g / x at x = 0" else "norm", np.asarray(x))
+    np.testing.assert_allclose(got, expected, rtol=1e-13, atol=1e-15)
+    guarded_columns = np.asarray(jnp.zeros(x.shape).at[guarded].set(1.0)).reshape(-1) == 1
+    assert (got[guarded_columns] == 0).all() and (got[:, guarded_columns] == 0).all()
+
+
+def test_a_plain_norm_in_f_keeps_its_own_derivative_at_a_zero_row_at_order_2():
+    """The documented limit: at order 2 what the VJP closes over moves with x through f's own ops, and
+    ``jnp.linalg.norm``'s derivative at a zero row is JAX's, 0·inf: reverse over reverse is NaN on that row, as
+    ``jax.custom_vjp`` gives it with the same norm computed in ``fwd``; forward over reverse is 0."""
+    @jax.custom_vjp
+    def anchor(x):
+        return jnp.linalg.norm(x, axis=1, keepdims=True)
+
+    def anchor_fwd(x):  # (the norm computed plainly in fwd, the library's f's, as its residual)
+        r = _safe_norm(x)[0]
+        return r, (x, r)
+
+    anchor.defvjp(anchor_fwd, lambda residuals, g: (jnp.where(residuals[1] > 0, g / residuals[1], 0.0) * residuals[0],))
+    f = sgm.custom_gradient(_safe_norm, order=2)
+    x = jnp.asarray(ROWS * (np.arange(3) != 1)[:, None])
+    got, expected = (jax.jacrev(jax.grad(lambda x, g=g: jnp.sum(g(x))))(x) for g in (f, anchor))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    nan = np.zeros((3, 2, 3, 2), dtype=bool)
+    nan[:, :, 1, :] = True  # (every gradient element, in the zero row: the norm's pullback there is 0·inf)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    assert (np.asarray(jax.hessian(lambda x: jnp.sum(f(x)))(x))[1] == 0).all()

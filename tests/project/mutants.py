@@ -910,6 +910,24 @@ def _wheres_unmasked(original):
     return lambda graph, cotangents: []
 
 
+def _jax_divisors_unmasked(original):
+    """JAX's guarded division without its double where (issue 77): at order 2 reverse over reverse differentiates
+    the VJP through the divisor, −g/x² at x = 0 times the select's zero, NaN where the declared element is 0."""
+    def masked(closed):
+        found = original(closed)
+        if found is not None:
+            found.masks = {k: {j: m for j, m in by_operand.items() if m.fill == 0.0}
+                           for k, by_operand in found.masks.items()}
+        return found
+    return masked
+
+
+def _torch_divisors_unmasked(original):
+    """PyTorch's guarded division without its double where (issue 77): ``create_graph`` at order 2 gives NaN at a
+    zero row, where the Function's double backward gives 0."""
+    return lambda graph, cotangents: [m for m in original(graph, cotangents) if m.fill == 0.0]
+
+
 def _compiled_order_1_unguarded(original):
     """PyTorch's compiled order 1 without its guard: a compiled torch.func.hessian gives 0 without a word."""
     return lambda refusal, *tensors: tuple(t.view_as(t) for t in tensors)
@@ -977,6 +995,12 @@ MUTANTS = {
     "PyTorch's transpose divides after the where that discarded the quotient": Mutant(
         "stopgrad_math.torch.masked_selects", "masked", _wheres_unmasked,
         ("tests/torch/test_masked_selects.py::test_jacfwd_equals_jacrev_and_the_declared_jacobian_at_a_zero_row",)),
+    "JAX's reverse over reverse differentiates a discarded quotient through its divisor": Mutant(
+        "stopgrad_math.jax.masked_selects", "masked", _jax_divisors_unmasked,
+        ("tests/jax/test_masked_selects.py::test_second_derivatives_at_order_2_give_the_guarded_point_zero",)),
+    "PyTorch's double backward differentiates a discarded quotient through its divisor": Mutant(
+        "stopgrad_math.torch.masked_selects", "masked", _torch_divisors_unmasked,
+        ("tests/torch/test_masked_selects.py::test_a_functions_double_backward_at_a_zero_row_is_the_mechanisms",)),
     "the Function face routes a call nothing can differentiate": Mutant(
         "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
         (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),
