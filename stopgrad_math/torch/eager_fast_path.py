@@ -368,8 +368,8 @@ def reverse_transforms_alone(xs: Sequence[torch.Tensor] = ()) -> bool:
     """One torch.func grad or vjp transform, with vmaps around or inside it, no jvp transform or forward-mode level,
     and none of ``xs`` requiring grad under the wrappers: what is computed now gets one derivative, in reverse
     mode, which nothing differentiates again."""
-    if forward_ad._current_level >= 0:
-        return False
+    if forward_ad._current_level >= 0 or not torch._C._are_functorch_transforms_active():  # (the common eager call:
+        return False  # no interpreter stack to read)
     kinds = [interpreter.key() for interpreter in retrieve_all_functorch_interpreters()]
     return (kinds.count(TransformType.Grad) == 1 and all(k in (TransformType.Grad, TransformType.Vmap) for k in kinds)
             and not any(_moves(x) for x in xs))

@@ -118,8 +118,10 @@ def _random_states(restored: Any = None) -> Any:
     must be one draw, as where f runs once."""
     if restored is not None:
         cpu, cuda = restored
-        torch.set_rng_state(cpu)
+        torch.default_generator.set_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
         return None
-    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+    # (the generator's own state, as torch.get_rng_state reads it, without its Python wrapper's cost at every call)
+    return torch.default_generator.get_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() \
+        else None  # type: ignore[no-untyped-call]
