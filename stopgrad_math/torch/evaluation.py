@@ -123,5 +123,5 @@ def _random_states(restored: Any = None) -> Any:
             torch.cuda.set_rng_state_all(cuda)
         return None
     # (the generator's own state, as torch.get_rng_state reads it, without its Python wrapper's cost at every call)
-    return torch.default_generator.get_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() \
-        else None  # type: ignore[no-untyped-call]
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+    return torch.default_generator.get_state(), cuda
