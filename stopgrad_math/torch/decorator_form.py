@@ -92,7 +92,7 @@ def _proven(cotangents: tracing.Cotangents, vjp: Callable[[Any], Any],
 
 
 def _proven_call(cotangents: tracing.Cotangents, vjp: Callable[[Any], Any], kwargs: dict[str, Any],
-                 watch: unrecorded.Watch | None,
+                 watch: unrecorded.Followed | None,
                  falls_back: bool) -> tuple[list[int], Linear, list[torch.Tensor], Linear | None, bool, int] | str:
     """``_proven`` eagerly and under torch.func, ``compiled_proof.proven_while_compiling`` under Dynamo: the kept
     leaves, the VJP's map, what it closes over (eagerly), its transpose where at hand, whether the map is embedded
@@ -153,7 +153,7 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], names: list[str], kwarg
 
 
 def _deferred(cotangents: tracing.Cotangents, vjp: Callable[[Any], Any], kwargs: dict[str, Any],
-              watch: unrecorded.Watch | None, undifferentiable: str | None) -> deferred_term.Call | None:
+              watch: unrecorded.Followed | None, undifferentiable: str | None) -> deferred_term.Call | None:
     """A Function's call (``_embed``'s, given a fallback) in reverse mode alone, its VJP naming what the forward
     saved, whose proof the node makes where a derivative needs it (``deferred_term``); None elsewhere."""
     if kwargs or not recorded_term.reverse_alone():  # (first: Dynamo cannot read a nested function's attributes)

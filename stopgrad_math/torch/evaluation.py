@@ -18,6 +18,7 @@ from stopgrad_math.shared.arguments import call_f, name_of, undifferentiable
 from stopgrad_math.torch import (
     eager_fast_path,
     identity,
+    recorded_term,
     refusals,
     second_derivative_guard,
     unrecorded,
@@ -39,7 +40,7 @@ def differentiating(args: Sequence[Any]) -> bool:
 
 
 def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
-              order: int) -> tuple[Any, Any, unrecorded.Watch | None, str | None]:
+              order: int) -> tuple[Any, Any, unrecorded.Followed | None, str | None]:
     """f's ``(y, vjp)``: y at stop(x); the VJP at stop(x) (order 1: what it closes over is stopped when it is
     embedded), or at x (order 2, eagerly and under torch.func), watched where reverse mode may differentiate it
     (``unrecorded``: a watch of what f computed without grad mode; else None). At order 2 f runs once where the
@@ -61,7 +62,7 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
     drawn = _random_states()
     if reverse or any(unrecorded.moves(x) for x in moving):
         versions = _versions(leaves)
-        followed = unrecorded.Watch(moving)
+        followed = (unrecorded.EagerWatch if recorded_term.reverse_alone() else unrecorded.Watch)(moving)
         try:
             with followed:
                 y, vjp = call_f(f, leaves.with_values({}), kwargs)
@@ -69,7 +70,7 @@ def evaluated(f: Callable[..., Any], leaves: Leaves, kwargs: dict[str, Any],
             return _at_order_1(f, leaves, kwargs, drawn, error)
         _refuse_a_change_in_place(f, leaves, versions)
         watch = followed if reverse else None
-        if not followed.reads_outside:  # y depends on the arguments alone: its value at stop(x), no second call
+        if not followed.reaches_outside(y):  # y depends on the arguments alone: its value at stop(x), no second call
             return _detached(y), vjp, watch, None
     else:
         watch, vjp = None, call_f(f, leaves.with_values({}), kwargs)[1]  # (nothing moves: no change to refuse)

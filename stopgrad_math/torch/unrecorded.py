@@ -12,6 +12,14 @@ that, and ``lost_read`` says whether the VJP reads a marked tensor: the
 call's first derivatives are then order 1's, and a second derivative raises
 ``UNRECORDED``. A tensor read from elsewhere (a weight) is not followed, and
 a ``detach()`` written in f is a stop its author chose, taken as one.
+
+Plainly eager, where reverse mode alone can differentiate (``EagerWatch``), a
+tensor computed in grad mode from an argument that requires grad requires grad
+itself, so only the ops run with grad mode off, or on a lost tensor, need
+following: an op in grad mode on anything else costs the mode's call alone
+(order 2's cost, close to order 1's, for a forward of many small ops), and
+whether y reads a tensor that requires grad from elsewhere is read off y's
+own graph afterwards.
 """
 
 from __future__ import annotations
@@ -71,6 +79,69 @@ class Watch(TorchFunctionMode):
                     marked[id(out)] = weakref.ref(out)
         return result
 
+    def reaches_outside(self, y: Any) -> bool:
+        """Whether an op read a tensor a derivative can be taken through from elsewhere (y aside)."""
+        return self.reads_outside
+
+
+class EagerWatch(TorchFunctionMode):
+    """``Watch``'s reading where reverse mode alone can differentiate (plainly eager, no forward-mode level): a
+    tensor that requires grad is computed from the moving arguments (``roots``), or from a weight, which
+    ``reaches_outside`` tells apart on y's graph; a result of an op run with grad mode off on one, or of any op
+    on a lost tensor, is ``lost``."""
+
+    def __init__(self, roots: Iterable[torch.Tensor]) -> None:
+        super().__init__()
+        self.roots = list(roots)
+        self.lost: dict[int, weakref.ref[torch.Tensor]] = {}
+        self.since = torch._C._autograd._get_sequence_nr()  # (of the first autograd node made after: made just
+        # before f runs inside it)
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **kwargs) if kwargs else func(*args)
+        grad_mode = torch.is_grad_enabled()
+        if (grad_mode and not self.lost) or type(result) in _METADATA:  # (the common op: nothing to follow)
+            return result
+        lost = self.lost
+        read = tensors(args) + tensors(tuple(kwargs.values())) if kwargs else tensors(args)
+        if any(_holds(lost, t) for t in read) or (not grad_mode and any(t.requires_grad for t in read)):
+            for out in (result,) if isinstance(result, torch.Tensor) else tensors((result,)):
+                if out.is_floating_point() or out.is_complex():
+                    lost[id(out)] = weakref.ref(out)
+        return result
+
+    def reaches_outside(self, y: Any) -> bool:
+        """Whether y's graph reaches a tensor that requires grad other than the roots: a leaf that is not a root, or
+        a node made before the watch began (another tensor's history) whose edge is not a root's own. (Taking a node
+        made inside for one made before only runs f again, as ``Watch`` does where it read a weight.)"""
+        pending: list[tuple[Any, int]] = []
+        for t in tensors((y,)):
+            if t.requires_grad and t.grad_fn is None and not any(t is r for r in self.roots):
+                return True
+            if t.requires_grad and t.grad_fn is not None:
+                pending.append((t.grad_fn, t.output_nr))
+        own = {(r.grad_fn, r.output_nr) for r in self.roots if r.grad_fn is not None}
+        seen: set[Any] = set()
+        while pending:
+            edge = pending.pop()
+            if edge in own or edge[0] in seen:
+                continue
+            seen.add(edge[0])
+            if self._made_outside(edge[0]):
+                return True
+            pending.extend(e for e in edge[0].next_functions if e[0] is not None)
+        return False
+
+    def _made_outside(self, node: Any) -> bool:
+        """Whether the node ends a path outside: a leaf's accumulator that is not a root's, or a node made before
+        the watch began; else (False) the walk goes on through it."""
+        if type(node).__name__ == "AccumulateGrad":
+            return not any(node.variable is r for r in self.roots)
+        return bool(node._sequence_nr() < self.since)
+
+
+Followed = Watch | EagerWatch  # what ``lost_read`` reads: a watch's lost tensors
+
 
 _ATOMS = frozenset({bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout,
                     torch.memory_format})
@@ -121,7 +192,7 @@ def beyond(undifferentiable: str | None, embedded_at: int, order: int) -> str | 
     return undifferentiable or (UNRECORDED if embedded_at < order else None)
 
 
-def lost_read(watch: Watch | None, read: Iterable[Any]) -> bool:
+def lost_read(watch: Followed | None, read: Iterable[Any]) -> bool:
     """Whether the VJP reads (``read``) a tensor the watch found lost: a second derivative then raises
     ``UNRECORDED``, and first derivatives are order 1's."""
     return watch is not None and any(isinstance(t, torch.Tensor) and _holds(watch.lost, t) for t in read)

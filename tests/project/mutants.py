@@ -928,6 +928,44 @@ def _torch_divisors_unmasked(original):
     return lambda graph, cotangents: [m for m in original(graph, cotangents) if m.fill == 0.0]
 
 
+def _every_op_followed(original):
+    """PyTorch's order 2 following each op of f eagerly, as under torch.func (issue 75's cost: sparsemax's forward
+    cost more than twice its ops' time), where only ops with grad mode off need following."""
+    from stopgrad_math.torch import unrecorded
+    return unrecorded.Watch
+
+
+def _walk_by_node(original):
+    """PyTorch's eager watch ending its walk of y's graph at an argument's node rather than its edge: a weight that is
+    another output of that node (an unbind's) loses its autodiff, silently."""
+    from types import SimpleNamespace
+
+    class ByNode(original):
+        def reaches_outside(self, y):  # (every output of an argument's node taken for the argument)
+            nodes = {r.grad_fn for r in self.roots if r.grad_fn is not None}
+            self.roots = [*self.roots, *(SimpleNamespace(grad_fn=n, output_nr=k) for n in nodes for k in range(8))]
+            return super().reaches_outside(y)
+    return ByNode
+
+
+def _lost_in_grad_mode_dropped(original):
+    """PyTorch's eager watch marking only what an op with grad mode off computes: z = m·x in grad mode, m computed
+    without it, is taken as recorded, and a second derivative misses m's term silently."""
+    import torch
+
+    from stopgrad_math.torch import unrecorded
+
+    class NoGradOnly(original):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if not torch.is_grad_enabled() and any(t.requires_grad for t in unrecorded.tensors(args)):
+                for out in unrecorded.tensors((result,)):
+                    if out.is_floating_point():
+                        self.lost[id(out)] = __import__("weakref").ref(out)
+            return result
+    return NoGradOnly
+
+
 def _compiled_order_1_unguarded(original):
     """PyTorch's compiled order 1 without its guard: a compiled torch.func.hessian gives 0 without a word."""
     return lambda refusal, *tensors: tuple(t.view_as(t) for t in tensors)
@@ -1001,6 +1039,15 @@ MUTANTS = {
     "PyTorch's double backward differentiates a discarded quotient through its divisor": Mutant(
         "stopgrad_math.torch.masked_selects", "masked", _torch_divisors_unmasked,
         ("tests/torch/test_masked_selects.py::test_a_functions_double_backward_at_a_zero_row_is_the_mechanisms",)),
+    "PyTorch's eager order 2 follows every op of f": Mutant(
+        "stopgrad_math.torch.unrecorded", "EagerWatch", _every_op_followed,
+        ("tests/torch/test_order_2.py::test_the_eager_watch_follows_no_op_run_in_grad_mode",)),
+    "PyTorch's eager watch ends its walk at an argument's node, not its edge": Mutant(
+        "stopgrad_math.torch.unrecorded", "EagerWatch", _walk_by_node,
+        ("tests/torch/test_order_2.py::test_a_weight_that_shares_an_arguments_autograd_node_keeps_its_path_at_order_2",)),
+    "PyTorch's eager watch loses only what grad mode off computes": Mutant(
+        "stopgrad_math.torch.unrecorded", "EagerWatch", _lost_in_grad_mode_dropped,
+        ("tests/torch/test_order_2.py::test_a_tensor_computed_in_grad_mode_from_one_computed_without_it_is_lost_too",)),
     "the Function face routes a call nothing can differentiate": Mutant(
         "stopgrad_math.torch.function_face", "_forward_alone", _plain_call_routed,
         (f"{_EXISTING_TORCH}::test_a_call_nothing_differentiates_costs_the_forward_alone",)),

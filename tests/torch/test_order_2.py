@@ -290,6 +290,79 @@ def test_f_runs_once_at_order_2_unless_it_reads_a_tensor_that_requires_grad_from
     torch.testing.assert_close(weight.grad, x.sin().sum())
 
 
+def test_a_weight_that_shares_an_arguments_autograd_node_keeps_its_path_at_order_2():
+    """x and w are two outputs of one node (an unbind of a tensor that requires grad): f given x reads w from
+    outside. Eagerly, where reverse mode alone can differentiate, whether y reads a weight is read off y's graph
+    (``unrecorded.EagerWatch``): x's own edge ends the walk, w's reaches the node through another output, so f runs
+    again at stop(x) and w's path to the base is kept. The base's gradient is analytic: x's declared 3·x² (the
+    rule, not autodiff of x²·w) and w's Σx²."""
+    base = torch.tensor([[0.5, -1.5], [2.0, 3.0]], dtype=torch.float64, requires_grad=True)
+    x, w = (base * 1.0).unbind(0)
+
+    def reads_w(x):
+        return (x * x * w).sum(), lambda ct: (ct * 3.0 * x * x,)
+
+    (gradient,) = torch.autograd.grad(sgm.custom_gradient(reads_w, order=2)(x), base)
+    x0 = base.detach()[0]
+    torch.testing.assert_close(gradient, torch.stack([3.0 * x0 * x0, x0 * x0]), rtol=0, atol=0)
+
+
+def test_the_eager_watch_follows_no_op_run_in_grad_mode():
+    """At order 2, plainly eager, f's ops in grad mode are not followed one by one (``EagerWatch``): what a forward of
+    many ops costs above the forward is the torch function mode's call, whatever it computes. Counted by the
+    operands read: the same for a forward of 3 ops and of 30."""
+    from stopgrad_math.torch import unrecorded
+
+    def many(count):
+        def f(x):
+            y = x
+            for _ in range(count):
+                y = y * 1.0
+            return y.sum(), lambda ct: (ct * torch.ones_like(x),)
+        return sgm.custom_gradient(f, order=2)
+
+    reads = []
+    original = unrecorded.tensors
+
+    def counted(values):
+        reads.append(1)
+        return original(values)
+
+    counts = []
+    for count in (3, 30):
+        calls = many(count)
+        calls(torch.ones(2, dtype=torch.float64, requires_grad=True)).backward()  # (the proof, made once)
+        reads.clear()
+        unrecorded.tensors = counted
+        try:
+            calls(torch.ones(2, dtype=torch.float64, requires_grad=True)).backward()
+        finally:
+            unrecorded.tensors = original
+        counts.append(len(reads))
+    assert counts[0] == counts[1]
+
+
+def test_a_tensor_computed_in_grad_mode_from_one_computed_without_it_is_lost_too():
+    """m is computed from x with grad mode off, z = m·x in grad mode: z requires grad (through x) but misses m's
+    dependence on x, so a second derivative through the VJP that reads z raises, eagerly and under torch.func, as
+    where the VJP reads m itself; the first derivative is the declared one."""
+    def forward(x):
+        with torch.no_grad():
+            m = x * 2.0
+        z = m * x
+        return z.sum(), lambda ct: (ct * z,)
+
+    f = sgm.custom_gradient(forward, order=2)
+    x = torch.tensor([0.5, -1.5], dtype=torch.float64)
+    leaf = x.clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(f(leaf), leaf, create_graph=True)
+    torch.testing.assert_close(gradient, 2.0 * x * x, rtol=0, atol=0)
+    with pytest.raises(LookupError, match="grad mode off"):
+        torch.autograd.grad(gradient.sum(), leaf)
+    with pytest.raises(LookupError, match="grad mode off"):
+        torch.func.hessian(f)(x)
+
+
 def _dual_tangent(fn, x, tangent):
     import torch.autograd.forward_ad as forward_ad
 
