@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 from torch._C._functorch import get_unwrapped, is_functorch_wrapped_tensor
-from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 from stopgrad_math.shared.layouts import Layout
 
@@ -91,7 +90,7 @@ def _recorded() -> bool:
 def plainly_eager() -> bool:
     """Whether ops run now on plain tensors, eagerly, and nothing records what a value decides (``_recorded``)
     and no torch.func transform wraps them. Only there may a branch on a tensor's elements choose the ops."""
-    return not (_recorded() or retrieve_all_functorch_interpreters())
+    return not (_recorded() or torch._C._are_functorch_transforms_active())
 
 
 def all_finite(*tensors: torch.Tensor) -> bool:

@@ -112,32 +112,46 @@ class EagerWatch(TorchFunctionMode):
 
     def reaches_outside(self, y: Any) -> bool:
         """Whether y's graph reaches a tensor that requires grad other than the roots: a leaf that is not a root, or
-        a node made before the watch began (another tensor's history) whose edge is not a root's own. (Taking a node
-        made inside for one made before only runs f again, as ``Watch`` does where it read a weight.)"""
-        pending: list[tuple[Any, int]] = []
-        for t in tensors((y,)):
-            if t.requires_grad and t.grad_fn is None and not any(t is r for r in self.roots):
-                return True
-            if t.requires_grad and t.grad_fn is not None:
-                pending.append((t.grad_fn, t.output_nr))
-        own = {(r.grad_fn, r.output_nr) for r in self.roots if r.grad_fn is not None}
+        a node made before the watch began (another tensor's history) at an edge that is not a root's own. (Taking
+        a node made inside for one made before only runs f again, as ``Watch`` does where it read a weight.)"""
+        pending = self._edges_of(y)
+        if pending is None:
+            return True
+        roots = {id(r) for r in self.roots}
         seen: set[Any] = set()
-        while pending:
+        while pending:  # (written out: a small forward's walk is a few nodes, each a few attribute reads)
             edge = pending.pop()
-            if edge in own or edge[0] in seen:
+            node: Any = edge[0]
+            if node in seen:
                 continue
-            seen.add(edge[0])
-            if self._made_outside(edge[0]):
-                return True
-            pending.extend(e for e in edge[0].next_functions if e[0] is not None)
+            seen.add(node)
+            if type(node) is _ACCUMULATE_GRAD:  # a leaf's: outside unless a root's
+                if id(node.variable) not in roots:
+                    return True
+            elif node._sequence_nr() < self.since:  # made before f: a root's history, else another tensor's
+                if not any(edge[0] is r.grad_fn and edge[1] == r.output_nr for r in self.roots):
+                    return True
+                seen.discard(node)  # (another output of it may be reached from elsewhere: its edge is asked again)
+            else:
+                pending.extend(e for e in node.next_functions if e[0] is not None)
         return False
 
-    def _made_outside(self, node: Any) -> bool:
-        """Whether the node ends a path outside: a leaf's accumulator that is not a root's, or a node made before
-        the watch began; else (False) the walk goes on through it."""
-        if type(node).__name__ == "AccumulateGrad":
-            return not any(node.variable is r for r in self.roots)
-        return bool(node._sequence_nr() < self.since)
+    def _edges_of(self, y: Any) -> list[tuple[Any, int]] | None:
+        """The edges of y's tensors that require grad, or None where one is a leaf that is not a root."""
+        edges = []
+        for t in (y,) if type(y) is torch.Tensor else tensors((y,)):
+            if not t.requires_grad:
+                continue
+            if t.grad_fn is None:
+                if not any(t is r for r in self.roots):
+                    return None
+            else:
+                edges.append((t.grad_fn, t.output_nr))
+        return edges
+
+
+_ACCUMULATE_GRAD: Any = type(torch.ones(1, requires_grad=True).view(1).grad_fn.next_functions[0][0])  # type: ignore[union-attr]
+"""The type of a leaf's accumulator node: it holds the leaf as ``variable``."""
 
 
 Followed = Watch | EagerWatch  # what ``lost_read`` reads: a watch's lost tensors
