@@ -220,7 +220,10 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     if order == 2:
         return _recorded_order_2(plan, probe, route)
     if route is transposition.Route.REVERSE_ONLY:
-        terms = _reverse_only_terms(plan, transposition.FORWARD_MODE_MESSAGE.format(reason=chosen.opaque))
+        terms = _recorded_terms(plan, _refusing_forward_mode(
+            transposition.FORWARD_MODE_MESSAGE.format(reason=chosen.opaque)))
+    elif route is transposition.Route.TRANSPOSE and plan.variables and tf.executing_eagerly():
+        terms = _recorded_terms(plan, _transposed_forward_mode(plan))
     else:
         terms = _TERMS[route](plan, probe)
     _refusal_terms(plan, terms)
@@ -289,13 +292,18 @@ def _reverse_alone(plan: Plan) -> bool:
     return _one_tape_alone(plan) and not _tf_internal.should_record_backprop(outputs)
 
 
-def _reverse_only_terms(plan: Plan, forward_mode_refusal: str) -> dict[int, list[tf.Tensor]]:
-    """Where grad_fn's upstream passes ops no tape follows and y is too large for unit upstreams, J·v cannot be
-    formed: one +0.0 term per output, recorded (``recorded_term.recorded``) with grad_fn(upstream) as its
-    backward, tf.custom_gradient's reverse mode, and a forward function that raises ``forward_mode_refusal``
-    (tf.custom_gradient's own forward mode raises a LookupError there, or gives no tangent where TensorFlow's
-    forward mode of the layer gives none, as for ResizeBilinear). grad_fn is linear, so the backward is J's
-    transpose exactly; a second derivative is refused by order 1's guard, as on every route."""
+def _recorded_terms(plan: Plan, forward: Callable[[list[tf.Tensor]], Callable[..., list[tf.Tensor]]]
+                    ) -> dict[int, list[tf.Tensor]]:
+    """One +0.0 term per output, recorded (``recorded_term.recorded``) with grad_fn(upstream) as its backward,
+    tf.custom_gradient's reverse mode, and ``forward(zeros)`` as its forward function. grad_fn is linear, so the
+    backward is J's transpose exactly; a second derivative is refused by order 1's guard, as on every route.
+
+    Two routes take it: where grad_fn's upstream passes ops no tape follows and y is too large for unit upstreams,
+    J·v cannot be formed, and forward mode raises (``_refusing_forward_mode``: tf.custom_gradient's own forward
+    mode raises a LookupError there, or gives no tangent where TensorFlow's forward mode of the layer gives none,
+    as for ResizeBilinear); and eagerly at order 1, where grad_fn gives variables' gradients, the transpose's
+    J·v would read the variables live in grad_fn, and a tape would differentiate J through them times v = 0 (NaN
+    where the upstream is inf), so J·ẋ is formed where an accumulator asks (``_transposed_forward_mode``)."""
     outputs = plan.outputs.differentiable
     arguments = [plan.arguments.components[i] for i in plan.arguments.differentiable] + plan.variables
     zeros = [tf.zeros_like(plan.outputs.components[i].tensor) for i in outputs]
@@ -305,19 +313,42 @@ def _reverse_only_terms(plan: Plan, forward_mode_refusal: str) -> dict[int, list
         asked = {i: -(tf.zeros_like(z) if d is None else d) for i, z, d in zip(outputs, zeros, upstreams, strict=True)}
         return recorded_term.by_input(plan.gradients_at(asked), arguments)
 
-    terms = recorded_term.recorded("stopgrad_math_reverse_only", zeros, [c.tensor for c in arguments], backward,
-                                   _refusing_forward_mode(forward_mode_refusal, zeros))
+    terms = recorded_term.recorded("stopgrad_math_recorded", zeros, [c.tensor for c in arguments], backward,
+                                   forward(zeros))
     return {i: [term] for i, term in zip(outputs, terms, strict=True)}
 
 
-def _refusing_forward_mode(message: str, zeros: list[tf.Tensor]) -> Callable[..., list[tf.Tensor]]:
-    """The reverse-only terms' forward function: a ValueError with ``message`` where an accumulator asks (``zeros``,
-    the terms, are what a forward function gives tangents of: the mutant that gives zeros reads them)."""
+def _refusing_forward_mode(message: str) -> Callable[[list[tf.Tensor]], Callable[..., list[tf.Tensor]]]:
+    """The reverse-only terms' forward function: a ValueError with ``message`` where an accumulator asks (the
+    zeros, the terms, are what a forward function gives tangents of: the mutant that gives zeros reads them)."""
 
-    def forward(*tangents: tf.Tensor | None) -> list[tf.Tensor]:
-        raise ValueError(message)
+    def made(zeros: list[tf.Tensor]) -> Callable[..., list[tf.Tensor]]:
+        def forward(*tangents: tf.Tensor | None) -> list[tf.Tensor]:
+            raise ValueError(message)
 
-    return forward
+        return forward
+
+    return made
+
+
+def _transposed_forward_mode(plan: Plan) -> Callable[[list[tf.Tensor]], Callable[..., list[tf.Tensor]]]:
+    """The forward function of order 1's recorded terms: each term's tangent, J·(−ẋ), read off grad_fn's transpose
+    by a probe made now (a tape made inside the forward function would record nothing)."""
+    probe = evaluation.probe(plan, persistent=True)
+    arguments = [plan.arguments.components[i] for i in plan.arguments.differentiable] + plan.variables
+
+    def made(zeros: list[tf.Tensor]) -> Callable[..., list[tf.Tensor]]:
+        def forward(*tangents: tf.Tensor | None) -> list[tf.Tensor]:
+            moving = {c.name: tf.zeros_like(c.tensor) if t is None else t
+                      for c, t in zip(arguments, tangents, strict=True)}
+            terms = _TERMS[transposition.Route.TRANSPOSE](plan, probe, _Along(moving))
+            # (each recorded term stands for the route's terms, whose tangent is their sum: attach subtracts)
+            return [-identity.attach(tf.zeros_like(z), terms.get(i, []))
+                    for z, i in zip(zeros, plan.outputs.differentiable, strict=True)]
+
+        return forward
+
+    return made
 
 
 def _refusal_terms(plan: Plan, terms: dict[int, list[tf.Tensor]]) -> None:

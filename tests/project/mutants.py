@@ -517,9 +517,30 @@ def _forward_mode_zeros(original):
     """The reverse-only terms' forward function gives zero tangents, as tf.custom_gradient's may, not a refusal."""
     import tensorflow as tf
 
-    def zeros_instead(message, zeros):
-        return lambda *tangents: [tf.zeros_like(z) for z in zeros]
+    def zeros_instead(message):
+        return lambda zeros: lambda *tangents: [tf.zeros_like(z) for z in zeros]
     return zeros_instead
+
+
+def _variables_transposed_at_order_1(original):
+    """TensorFlow's order 1 embedding a grad_fn that gives variables' gradients by the transpose again (issue 77):
+    an inf upstream gives NaN at the variable's element, where tf.custom_gradient gives inf."""
+    from stopgrad_math.tensorflow import decorator_form, transposition
+
+    def recorded_terms(plan, forward):
+        if "_transposed_forward_mode" in forward.__qualname__:
+            return decorator_form._TERMS[transposition.Route.TRANSPOSE](plan, None)
+        return original(plan, forward)
+    return recorded_terms
+
+
+def _variables_forward_mode_zeros(original):
+    """TensorFlow's order-1 recorded backward for variables giving forward mode zeros, not J·ẋ."""
+    import tensorflow as tf
+
+    def transposed(plan):
+        return lambda zeros: lambda *tangents: [tf.zeros_like(z) for z in zeros]
+    return transposed
 
 
 def _reverse_only_forward_zeros(original):
@@ -721,13 +742,12 @@ def _symmetrized_tensorflow_hessian(original):
 
 
 def _watch_answering(reads_outside):
-    """A PyTorch order=2 watch whose ``reads_outside`` is always ``reads_outside``, whatever f read."""
+    """A PyTorch order=2 watch (``Watch`` under torch.func and forward mode, ``EagerWatch`` plainly eager) that says
+    ``reads_outside`` of whether y reads a weight, whatever f read."""
     def broken(original):
         class Answering(original):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                result = super().__torch_function__(func, types, args, kwargs)
-                self.reads_outside = reads_outside
-                return result
+            def reaches_outside(self, y):
+                return reads_outside
         return Answering
     return broken
 
@@ -1107,10 +1127,16 @@ MUTANTS = {
         (_ORDER_2_TF + "test_the_second_derivative_is_the_jacobian_of_the_declared_gradient_unsymmetrized",)),
     "PyTorch's order=2 takes y from the call at x where f read a weight": Mutant(
         "stopgrad_math.torch.unrecorded", "Watch", _weights_taken_for_arguments,
-        (_ORDER_2_TORCH + "test_f_runs_once_at_order_2_unless_it_reads_a_tensor_that_requires_grad_from_elsewhere",
-         _ORDER_2_TORCH + "test_a_closed_over_tensor_with_a_tangent_keeps_it_at_order_2")),
+        (_ORDER_2_TORCH + "test_a_closed_over_tensor_with_a_tangent_keeps_it_at_order_2",)),
     "PyTorch's order=2 runs f twice": Mutant(
         "stopgrad_math.torch.unrecorded", "Watch", _f_always_run_twice,
+        (_ORDER_2_TORCH + "test_f_runs_once_at_order_2_unless_it_reads_a_tensor_that_requires_grad_from_elsewhere",)),
+    "PyTorch's eager order=2 takes y from the call at x where f read a weight": Mutant(
+        "stopgrad_math.torch.unrecorded", "EagerWatch", _weights_taken_for_arguments,
+        (_ORDER_2_TORCH + "test_f_runs_once_at_order_2_unless_it_reads_a_tensor_that_requires_grad_from_elsewhere",
+         _ORDER_2_TORCH + "test_a_weight_that_shares_an_arguments_autograd_node_keeps_its_path_at_order_2")),
+    "PyTorch's eager order=2 runs f twice": Mutant(
+        "stopgrad_math.torch.unrecorded", "EagerWatch", _f_always_run_twice,
         (_ORDER_2_TORCH + "test_a_forward_that_updates_a_running_statistic_updates_it_once_at_order_2",)),
     "PyTorch's decorator wraps the VJP's own exception": Mutant(
         "stopgrad_math.torch.refusals", "raised_by_the_vjp", _every_exception_wrapped,
@@ -1324,6 +1350,14 @@ MUTANTS = {
         "stopgrad_math.tensorflow.decorator_form", "_refusing_forward_mode", _forward_mode_zeros,
         ("tests/tensorflow/test_checkpointing.py::test_a_gradient_op_tensorflow_cannot_differentiate_gives_tf_custom_gradients_"
          "reverse_mode[softsign-eager]",)),
+    "TensorFlow's order 1 transposes a grad_fn that gives variables' gradients eagerly": Mutant(
+        "stopgrad_math.tensorflow.decorator_form", "_recorded_terms", _variables_transposed_at_order_1,
+        ("tests/tensorflow/test_decorator_form.py::"
+         "test_an_inf_upstream_reaches_a_variables_gradient_as_tf_custom_gradients_does",)),
+    "TensorFlow's order-1 recorded backward for variables gives forward mode zeros": Mutant(
+        "stopgrad_math.tensorflow.decorator_form", "_transposed_forward_mode", _variables_forward_mode_zeros,
+        ("tests/tensorflow/test_decorator_form.py::"
+         "test_a_variables_gradient_at_order_1_keeps_forward_mode_and_refuses_a_second_derivative",)),
     "the PyTorch decorator's reverse-only carrier gives forward mode zeros": Mutant(
         "stopgrad_math.torch.zero_terms", "_Maps", _reverse_only_forward_zeros,
         ("tests/torch/test_checkpointing.py::test_a_backward_op_pytorch_cannot_differentiate_gives_reverse_mode_and_"

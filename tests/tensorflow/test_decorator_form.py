@@ -151,6 +151,84 @@ def test_variables_read_inside_f_keep_autodiff_without_ceremony(mode):
     np.testing.assert_allclose(dscale, tf.reduce_sum(tf.math.softplus(x)), rtol=1e-6)
 
 
+def _scaled_by(variable, decorate, tape_inside):
+    """y = x·w for a variable w read in f, grad_fn giving x's and w's gradients: computed directly, or by a tape
+    of grad_fn's own (a backward that recomputes, as a checkpoint's does)."""
+    @decorate
+    def scaled(x):
+        def grad_fn(dy, variables=None):
+            if not tape_inside:
+                return dy * variable, [dy * x]
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                z = x * variable
+            gx, gw = tape.gradient(z, [x, variable], output_gradients=dy)
+            return gx, [gw]
+
+        return x * variable, grad_fn
+
+    return scaled
+
+
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("tape_inside", [False, True], ids=["grad_fn direct", "grad_fn runs a tape"])
+def test_an_inf_upstream_reaches_a_variables_gradient_as_tf_custom_gradients_does(order, tape_inside):
+    """Issue 77: eagerly at order 1, w's gradient was NaN at an inf upstream's element where tf.custom_gradient
+    gives inf: the transpose's J read w live in grad_fn, and the tape differentiated J through it, times v = 0.
+    grad_fn is now the recorded backward there: the same bits as tf.custom_gradient's, at both orders."""
+    w = tf.Variable([1.0, 2.0])
+    x, upstream = tf.constant([1.0, 3.0]), tf.constant([np.inf, 1.0])
+    got = []
+    for decorate in (tf.custom_gradient, lambda f: custom_gradient(f, order=order)):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = _scaled_by(w, decorate, tape_inside)(x)
+        got.append([g.numpy() for g in tape.gradient(y, [x, w], output_gradients=upstream)])
+    for anchor, ours in zip(*got, strict=True):
+        np.testing.assert_array_equal(bits(ours), bits(anchor))
+    assert got[1][1][0] == np.inf
+
+
+def test_a_variables_gradient_at_order_1_keeps_forward_mode_and_refuses_a_second_derivative():
+    """The recorded backward's forward function is J·ẋ read off grad_fn's transpose: an accumulator over x and w
+    gets ẋ·w + x·ẇ (analytic); a second derivative raises order 1's LookupError, as on every route."""
+    w = tf.Variable([1.0, 2.0])
+    x = tf.constant([1.0, 3.0])
+    f = _scaled_by(w, custom_gradient, tape_inside=False)
+    x_dot, w_dot = tf.constant([1.0, -1.0]), tf.constant([10.0, 100.0])
+    with tf.autodiff.ForwardAccumulator([x, w], [x_dot, w_dot]) as accumulator:
+        y = f(x)
+    np.testing.assert_array_equal(accumulator.jvp(y), x_dot * w + x * w_dot)
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            y = f(x)
+        gradient = inner.gradient(y, x)
+    with pytest.raises(LookupError, match="order=1"):
+        outer.gradient(gradient, x)
+
+
+def test_an_inf_upstream_for_a_variables_gradient_in_a_graph_at_order_1_is_the_documented_nan():
+    """The limit, in a graph: the recorded backward would be a registered gradient, which pfor drops under
+    vectorized_map, so order 1 keeps the transpose there, and w's gradient is NaN at the inf upstream's element
+    (the term through J's read of w, times v = 0); the other element, and x's gradient, are tf.custom_gradient's."""
+    w = tf.Variable([1.0, 2.0])
+    x, upstream = tf.constant([1.0, 3.0]), tf.constant([np.inf, 1.0])
+    f = _scaled_by(w, custom_gradient, tape_inside=False)
+
+    @tf.function
+    def gradients(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = f(x)
+        return tape.gradient(y, [x, w], output_gradients=upstream)
+
+    gx, gw = gradients(x)
+    np.testing.assert_array_equal(gx, [np.inf, 2.0])
+    assert np.isnan(gw[0]) and gw[1] == 3.0
+
+
 def test_grad_fn_with_variables_parameter_but_none_read(mode):
     @custom_gradient
     def double(x):
