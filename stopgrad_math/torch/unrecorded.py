@@ -86,9 +86,9 @@ class Watch(TorchFunctionMode):
 
 class EagerWatch(TorchFunctionMode):
     """``Watch``'s reading where reverse mode alone can differentiate (plainly eager, no forward-mode level): a
-    tensor that requires grad is computed from the moving arguments (``roots``), or from a weight, which
-    ``reaches_outside`` tells apart on y's graph; a result of an op run with grad mode off on one, or of any op
-    on a lost tensor, is ``lost``."""
+    tensor computed from the moving arguments (``roots``) in grad mode requires grad, and its graph reaches them
+    (``derived``, asked only of what an op with grad mode off reads); a result of an op run with grad mode off on a
+    derived tensor, or of any op on a lost one, is ``lost``. Whether y reads a weight is ``reaches_outside``."""
 
     def __init__(self, roots: Iterable[torch.Tensor]) -> None:
         super().__init__()
@@ -96,6 +96,8 @@ class EagerWatch(TorchFunctionMode):
         self.lost: dict[int, weakref.ref[torch.Tensor]] = {}
         self.since = torch._C._autograd._get_sequence_nr()  # (of the first autograd node made after: made just
         # before f runs inside it)
+        self.edges = {(r.grad_fn, r.output_nr) for r in self.roots if r.grad_fn is not None}  # the roots' own
+        self.leaves = {id(r) for r in self.roots if r.grad_fn is None}
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **kwargs) if kwargs else func(*args)
@@ -104,50 +106,47 @@ class EagerWatch(TorchFunctionMode):
             return result
         lost = self.lost
         read = tensors(args) + tensors(tuple(kwargs.values())) if kwargs else tensors(args)
-        if any(_holds(lost, t) for t in read) or (not grad_mode and any(t.requires_grad for t in read)):
+        if any(_holds(lost, t) for t in read) or (not grad_mode and any(self.derived(t) for t in read)):
             for out in (result,) if isinstance(result, torch.Tensor) else tensors((result,)):
                 if out.is_floating_point() or out.is_complex():
                     lost[id(out)] = weakref.ref(out)
         return result
 
+    def derived(self, t: torch.Tensor) -> bool:
+        """Whether t is a root or computed from one in grad mode: its graph, walked through the nodes made inside,
+        reaches a root (a weight's history, made before, is not walked)."""
+        if any(t is r for r in self.roots):
+            return True
+        return t.grad_fn is not None and any(self._ends([(t.grad_fn, t.output_nr)]))
+
     def reaches_outside(self, y: Any) -> bool:
         """Whether y's graph reaches a tensor that requires grad other than the roots: a leaf that is not a root, or
         a node made before the watch began (another tensor's history) at an edge that is not a root's own. (Taking
         a node made inside for one made before only runs f again, as ``Watch`` does where it read a weight.)"""
-        pending = self._edges_of(y)
-        if pending is None:
-            return True
-        roots = {id(r) for r in self.roots}
+        edges = []
+        for t in (y,) if type(y) is torch.Tensor else tensors((y,)):
+            if t.requires_grad and t.grad_fn is None and not any(t is r for r in self.roots):
+                return True
+            if t.requires_grad and t.grad_fn is not None:
+                edges.append((t.grad_fn, t.output_nr))
+        return not all(self._ends(edges))
+
+    def _ends(self, pending: list[tuple[Any, int]]) -> Iterator[bool]:
+        """Where the graph from these edges ends, walked through the nodes made inside, one by one: True at a
+        root (its own edge, or its accumulator), False at another leaf's accumulator or a node made before."""
         seen: set[Any] = set()
         while pending:  # (written out: a small forward's walk is a few nodes, each a few attribute reads)
             edge = pending.pop()
             node: Any = edge[0]
-            if node in seen:
-                continue
-            seen.add(node)
-            if type(node) is _ACCUMULATE_GRAD:  # a leaf's: outside unless a root's
-                if id(node.variable) not in roots:
-                    return True
-            elif node._sequence_nr() < self.since:  # made before f: a root's history, else another tensor's
-                if not any(edge[0] is r.grad_fn and edge[1] == r.output_nr for r in self.roots):
-                    return True
-                seen.discard(node)  # (another output of it may be reached from elsewhere: its edge is asked again)
-            else:
+            if edge in self.edges:
+                yield True
+            elif type(node) is _ACCUMULATE_GRAD:
+                yield id(node.variable) in self.leaves
+            elif node._sequence_nr() < self.since:
+                yield False
+            elif node not in seen:
+                seen.add(node)
                 pending.extend(e for e in node.next_functions if e[0] is not None)
-        return False
-
-    def _edges_of(self, y: Any) -> list[tuple[Any, int]] | None:
-        """The edges of y's tensors that require grad, or None where one is a leaf that is not a root."""
-        edges = []
-        for t in (y,) if type(y) is torch.Tensor else tensors((y,)):
-            if not t.requires_grad:
-                continue
-            if t.grad_fn is None:
-                if not any(t is r for r in self.roots):
-                    return None
-            else:
-                edges.append((t.grad_fn, t.output_nr))
-        return edges
 
 
 _ACCUMULATE_GRAD: Any = type(torch.ones(1, requires_grad=True).view(1).grad_fn.next_functions[0][0])  # type: ignore[union-attr]

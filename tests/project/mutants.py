@@ -968,6 +968,15 @@ def _walk_by_node(original):
     return ByNode
 
 
+def _derived_by_requires_grad(original):
+    """PyTorch's eager watch taking every tensor that requires grad for one computed from the arguments: a weight's
+    term computed under no_grad is taken as lost, and a second derivative w.r.t. the arguments raises falsely."""
+    class ByRequiresGrad(original):
+        def derived(self, t):
+            return t.requires_grad
+    return ByRequiresGrad
+
+
 def _lost_in_grad_mode_dropped(original):
     """PyTorch's eager watch marking only what an op with grad mode off computes: z = m·x in grad mode, m computed
     without it, is taken as recorded, and a second derivative misses m's term silently."""
@@ -1065,6 +1074,9 @@ MUTANTS = {
     "PyTorch's eager watch ends its walk at an argument's node, not its edge": Mutant(
         "stopgrad_math.torch.unrecorded", "EagerWatch", _walk_by_node,
         ("tests/torch/test_order_2.py::test_a_weight_that_shares_an_arguments_autograd_node_keeps_its_path_at_order_2",)),
+    "PyTorch's eager watch takes a weight that requires grad for an argument": Mutant(
+        "stopgrad_math.torch.unrecorded", "EagerWatch", _derived_by_requires_grad,
+        ("tests/torch/test_decorator_form.py::test_order_2_reads_a_weight_under_no_grad_as_a_constant_of_the_arguments",)),
     "PyTorch's eager watch loses only what grad mode off computes": Mutant(
         "stopgrad_math.torch.unrecorded", "EagerWatch", _lost_in_grad_mode_dropped,
         ("tests/torch/test_order_2.py::test_a_tensor_computed_in_grad_mode_from_one_computed_without_it_is_lost_too",)),

@@ -535,9 +535,11 @@ def test_order_2_takes_a_detach_in_the_vjp_as_the_stop_its_author_wrote(stop):
         torch.testing.assert_close(_second(way, sin, X64), want)
 
 
-def test_order_2_reads_a_weight_under_no_grad_as_a_constant_of_the_arguments():
-    """A tensor f computes under no_grad from something other than its arguments (a weight) is not followed: its
-    term is not a derivative w.r.t. the arguments, and the Hessian w.r.t. them is exact."""
+@pytest.mark.parametrize("way", ["func.hessian", "create_graph"])
+def test_order_2_reads_a_weight_under_no_grad_as_a_constant_of_the_arguments(way):
+    """A tensor f computes under no_grad from something other than its arguments (a weight that requires grad) is
+    not followed: its term is not a derivative w.r.t. the arguments, and the Hessian w.r.t. them is exact, under
+    torch.func (``Watch``) and eagerly (``EagerWatch``, which tells the weight from the arguments by its graph)."""
     w = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
 
     @sgm.custom_gradient(order=2)
@@ -546,7 +548,12 @@ def test_order_2_reads_a_weight_under_no_grad_as_a_constant_of_the_arguments():
             s = (w * w).sum()
         return (s * x * x).sum() / 2, lambda ct: ct * s * x
 
-    assert torch.func.hessian(scaled_square)(X64).diagonal().tolist() == [14.0] * 4
+    if way == "func.hessian":
+        assert torch.func.hessian(scaled_square)(X64).diagonal().tolist() == [14.0] * 4
+        return
+    x = X64.clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(scaled_square(x), x, create_graph=True)
+    assert torch.autograd.grad(gradient.sum(), x)[0].tolist() == [14.0] * 4
 
 
 def test_order_2_third_derivatives_raise_under_torch_func():
