@@ -307,7 +307,7 @@ def test_a_weight_that_shares_an_arguments_autograd_node_keeps_its_path_at_order
     torch.testing.assert_close(gradient, torch.stack([3.0 * x0 * x0, x0 * x0]), rtol=0, atol=0)
 
 
-def test_the_eager_watch_follows_no_op_run_in_grad_mode():
+def test_the_eager_watch_follows_no_op_run_in_grad_mode(monkeypatch):
     """At order 2, plainly eager, f's ops in grad mode are not followed one by one (``EagerWatch``): what a forward of
     many ops costs above the forward is the torch function mode's call, whatever it computes. Counted by the
     operands read: the same for a forward of 3 ops and of 30."""
@@ -333,11 +333,9 @@ def test_the_eager_watch_follows_no_op_run_in_grad_mode():
         calls = many(count)
         calls(torch.ones(2, dtype=torch.float64, requires_grad=True)).backward()  # (the proof, made once)
         reads.clear()
-        unrecorded.tensors = counted
-        try:
+        with monkeypatch.context() as patched:
+            patched.setattr(unrecorded, "tensors", counted)
             calls(torch.ones(2, dtype=torch.float64, requires_grad=True)).backward()
-        finally:
-            unrecorded.tensors = original
         counts.append(len(reads))
     assert counts[0] == counts[1]
 
