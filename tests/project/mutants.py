@@ -958,13 +958,10 @@ def _every_op_followed(original):
 def _walk_by_node(original):
     """PyTorch's eager watch ending its walk of y's graph at an argument's node rather than its edge: a weight that is
     another output of that node (an unbind's) loses its autodiff, silently."""
-    from types import SimpleNamespace
-
     class ByNode(original):
-        def reaches_outside(self, y):  # (every output of an argument's node taken for the argument)
-            nodes = {r.grad_fn for r in self.roots if r.grad_fn is not None}
-            self.roots = [*self.roots, *(SimpleNamespace(grad_fn=n, output_nr=k) for n in nodes for k in range(8))]
-            return super().reaches_outside(y)
+        def __init__(self, roots):
+            super().__init__(roots)
+            self.edges = {(node, k) for node, _ in self.edges for k in range(8)}  # (every output of the node)
     return ByNode
 
 
