@@ -125,9 +125,12 @@ class EagerWatch(TorchFunctionMode):
         a node made inside for one made before only runs f again, as ``Watch`` does where it read a weight.)"""
         edges = []
         for t in (y,) if type(y) is torch.Tensor else tensors((y,)):
-            if t.requires_grad and t.grad_fn is None and not any(t is r for r in self.roots):
-                return True
-            if t.requires_grad and t.grad_fn is not None:
+            if not t.requires_grad:
+                continue
+            if t.grad_fn is None:
+                if id(t) not in self.leaves:
+                    return True
+            else:
                 edges.append((t.grad_fn, t.output_nr))
         return not all(self._ends(edges))
 
@@ -149,7 +152,7 @@ class EagerWatch(TorchFunctionMode):
                 pending.extend(e for e in node.next_functions if e[0] is not None)
 
 
-_ACCUMULATE_GRAD: Any = type(torch.ones(1, requires_grad=True).view(1).grad_fn.next_functions[0][0])  # type: ignore[union-attr]
+_ACCUMULATE_GRAD: Any = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
 """The type of a leaf's accumulator node: it holds the leaf as ``variable``."""
 
 

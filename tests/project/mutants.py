@@ -977,6 +977,8 @@ def _derived_by_requires_grad(original):
 def _lost_in_grad_mode_dropped(original):
     """PyTorch's eager watch marking only what an op with grad mode off computes: z = m·x in grad mode, m computed
     without it, is taken as recorded, and a second derivative misses m's term silently."""
+    import weakref
+
     import torch
 
     from stopgrad_math.torch import unrecorded
@@ -987,7 +989,7 @@ def _lost_in_grad_mode_dropped(original):
             if not torch.is_grad_enabled() and any(t.requires_grad for t in unrecorded.tensors(args)):
                 for out in unrecorded.tensors((result,)):
                     if out.is_floating_point():
-                        self.lost[id(out)] = __import__("weakref").ref(out)
+                        self.lost[id(out)] = weakref.ref(out)
             return result
     return NoGradOnly
 
