@@ -146,12 +146,15 @@ def _safe_norm_of_safe_sqrt(x):  # the safe norm with r's own derivative finite 
     return r, lambda g: (jnp.where(r > 0, g / r, 0.0) * x,)
 
 
-def _declared_gradient_jacobian(case, x):
-    """The Jacobian of the declared gradient of Σy (g = 1), flattened: −2/x² on the diagonal for 2g / x, (I − uuᵀ)/r
-    on a row of norm r (u = x/r) for the safe norm; 0 at the guarded element or row, whose quotient the select
-    discards."""
-    if case == "2g / x at x = 0":
-        return np.diag(np.where(x != 0, -2.0 / np.where(x != 0, x, 1.0) ** 2, 0.0))
+def _reciprocal_slope_second(x):
+    """The Jacobian of 2g / x's declared gradient of Σy (g = 1): −2/x² on the diagonal, 0 at x = 0, whose quotient the
+    select discards."""
+    return np.diag(np.where(x != 0, -2.0 / np.where(x != 0, x, 1.0) ** 2, 0.0))
+
+
+def _safe_norm_second(x):
+    """The Jacobian of the safe norm's declared gradient of Σr, flattened: (I − uuᵀ)/r on a row of norm r (u = x/r),
+    0 on a zero row, whose quotient the select discards."""
     blocks = np.zeros((x.size, x.size))
     for i, row in enumerate(x):
         r = np.linalg.norm(row)
@@ -160,18 +163,20 @@ def _declared_gradient_jacobian(case, x):
     return blocks
 
 
-SECOND_ORDER_CASES = {"2g / x at x = 0": (_reciprocal_slope, CASES["2g / x at x = 0"][2]),
-                      "safe norm, r by a safe sqrt": (_safe_norm_of_safe_sqrt, CASES["safe norm at a zero row"][2])}
+SECOND_ORDER_CASES = {  # the function, its declared gradient's Jacobian, the point with element or row k guarded
+    "2g / x at x = 0": (_reciprocal_slope, _reciprocal_slope_second, CASES["2g / x at x = 0"][2]),
+    "safe norm, r by a safe sqrt": (_safe_norm_of_safe_sqrt, _safe_norm_second, CASES["safe norm at a zero row"][2]),
+}
 
 
 @pytest.mark.parametrize("case", SECOND_ORDER_CASES)
 @pytest.mark.parametrize("guarded", range(3))
-@pytest.mark.parametrize("mode", ["jacrev(grad)", "jacfwd(grad)", "jacrev(jacfwd)", "hessian"])
+@pytest.mark.parametrize("mode", ["jacrev(grad)", "jacfwd(grad)", "jacrev(jacfwd)", "hessian", "jit(jacrev(grad))"])
 def test_second_derivatives_at_order_2_give_the_guarded_point_zero(case, guarded, mode):
     """At order 2 reverse over reverse differentiates the VJP through the divisor too (−g/x² at x = 0, times the
     select's zero: NaN). The divisor is given 1 where the quotient is discarded, so every mode gives the declared
     gradient's Jacobian, 0 at the guarded point (``jax.custom_vjp`` with x as its residual gives NaN there)."""
-    function, point = SECOND_ORDER_CASES[case]
+    function, second, point = SECOND_ORDER_CASES[case]
     f = sgm.custom_gradient(function, order=2)
     x = jnp.asarray(point(guarded))
     total = lambda x: jnp.sum(f(x))  # noqa: E731
@@ -179,10 +184,9 @@ def test_second_derivatives_at_order_2_give_the_guarded_point_zero(case, guarded
         got = jax.jacrev(lambda x: jax.jacfwd(f)(x).reshape(-1, x.size).sum(0))(x)
     else:
         got = {"jacrev(grad)": jax.jacrev(jax.grad(total)), "jacfwd(grad)": jax.jacfwd(jax.grad(total)),
-               "hessian": jax.hessian(total)}[mode](x)
+               "hessian": jax.hessian(total), "jit(jacrev(grad))": jax.jit(jax.jacrev(jax.grad(total)))}[mode](x)
     got = np.asarray(got).reshape(x.size, x.size)
-    expected = _declared_gradient_jacobian("2g / x at x = 0" if case == "2g / x at x = 0" else "norm", np.asarray(x))
-    np.testing.assert_allclose(got, expected, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(got, second(np.asarray(x)), rtol=1e-13, atol=1e-15)
     guarded_columns = np.asarray(jnp.zeros(x.shape).at[guarded].set(1.0)).reshape(-1) == 1
     assert (got[guarded_columns] == 0).all() and (got[:, guarded_columns] == 0).all()
 

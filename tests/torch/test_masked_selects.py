@@ -184,9 +184,16 @@ def _second_derivative(f, x, mode):
     return outer(inner(total))(x).reshape(x.numel(), x.numel())
 
 
+def _batched_second_derivative(f, x):
+    """jacrev(jacrev) under vmap, over x and 2x: each the Jacobian of that point's declared gradient."""
+    jacobians = torch.func.vmap(torch.func.jacrev(torch.func.jacrev(lambda x: f(x).sum())))(torch.stack([x, 2 * x]))
+    return jacobians.reshape(2, x.numel(), x.numel())
+
+
 @pytest.mark.parametrize("case", ["safe norm at a zero row", "2g / x at x = 0"])
 @pytest.mark.parametrize("guarded", range(3))
-@pytest.mark.parametrize("mode", ["create_graph", "jacrev(jacrev)", "jacfwd(jacrev)", "jacrev(jacfwd)"])
+@pytest.mark.parametrize("mode", ["create_graph", "jacrev(jacrev)", "jacfwd(jacrev)", "jacrev(jacfwd)",
+                                  "vmap(jacrev(jacrev))"])
 def test_second_derivatives_at_order_2_give_the_guarded_point_zero(case, guarded, mode):
     """At order 2 a second derivative differentiates the VJP through the divisor too (−g/r² at r = 0, times the
     where's zero: NaN). The divisor is given 1 where the quotient is discarded, so every mode gives the declared
@@ -194,7 +201,12 @@ def test_second_derivatives_at_order_2_give_the_guarded_point_zero(case, guarded
     backward of the Function that saves x gives NaN there: the where NaN trap the issue's principle rules out.)"""
     function, _, point = CASES[case]
     x = point(guarded)
-    got = _second_derivative(sgm.custom_gradient(function, order=2), x, mode)
+    f = sgm.custom_gradient(function, order=2)
+    if mode == "vmap(jacrev(jacrev))":
+        got, doubled = _batched_second_derivative(f, x)
+        torch.testing.assert_close(doubled, _declared_gradient_jacobian(case, 2 * x), rtol=1e-13, atol=1e-15)
+    else:
+        got = _second_derivative(f, x, mode)
     torch.testing.assert_close(got, _declared_gradient_jacobian(case, x), rtol=1e-13, atol=1e-15)
     rows = got.reshape(3, -1, x.numel())[guarded]  # (a zero: its sign is not held here, forward mode's is −0.0)
     assert (rows == 0).all() and (got.reshape(x.numel(), *x.shape)[:, guarded] == 0).all()
