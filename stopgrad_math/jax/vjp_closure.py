@@ -35,14 +35,21 @@ def aval_key(array: Any) -> Hashable:
 _NUMBERS = (float, complex)  # passed in as operands (bool and int are not: a shape, an axis, a count)
 
 
+def _is_number(value: Any) -> bool:
+    """A Python float or complex, or JAX's typed literal of one (what ``stop_gradient`` of a Python float that an
+    eager ``grad`` traces gives since JAX 0.9: a float subclass with a dtype); not a NumPy scalar, keyed as an
+    array."""
+    return type(value) in _NUMBERS or (isinstance(value, _NUMBERS) and not isinstance(value, np.generic))
+
+
 def _key(value: Any) -> Hashable:
-    if type(value) in _NUMBERS:
+    if _is_number(value):
         return "number", type(value)
     return aval_key(value)
 
 
 def _is_array(value: Any) -> bool:
-    return type(value) in _NUMBERS or isinstance(value, (jax.Array, np.ndarray, np.generic))
+    return _is_number(value) or isinstance(value, (jax.Array, np.ndarray, np.generic))
 
 
 def _is_immutable(value: Any) -> bool:

@@ -199,6 +199,19 @@ def test_twenty_closed_over_floats_compile_once_and_each_gradient_is_its_own(tra
     assert len(traces) == 1
 
 
+def test_a_python_float_argument_differentiated_eagerly_and_closed_over_compiles_once(traces):
+    """A Python float given to an eager grad is stopped into JAX's typed literal (a float subclass with a dtype,
+    JAX 0.9 on), which the VJP closes over as it closes over its arguments: an operand, as a float is (it was
+    refused, and the VJP traced at every call); each call's gradient is its own."""
+    for k in range(5):
+        scale = 1.0 + k
+        np.testing.assert_allclose(jax.grad(lambda a: jnp.sum(_scaled_sin(X1, a)))(scale), np.sum(np.sin(X1)),
+                                   rtol=1e-6)
+        np.testing.assert_allclose(jax.grad(lambda x, a=scale: jnp.sum(_scaled_sin(x, a)))(X1),
+                                   scale * np.cos(X1), rtol=1e-6)
+    assert len(traces) == 2  # one signature per argument differentiated
+
+
 def test_a_vjp_that_needs_a_closed_over_float_as_a_python_number_is_traced_at_every_call(traces):
     """A branch on the number, float() or a NumPy scalar of it cannot take an operand: that signature is traced
     at every call, and each call is right."""
