@@ -9,15 +9,21 @@ from stopgrad_math.jax.estimators import magic_box, reverse_gradient, scale_grad
 from stopgrad_math.jax.gradient_checker import GradientReport, assert_gradient, check_gradient
 from stopgrad_math.jax.identity import zero_with_gradient
 from stopgrad_math.jax.identity_form import custom_gradient
+from stopgrad_math.jax.implicit_functions import custom_fixed_point, custom_root, implicit_reparameterization
 from stopgrad_math.jax.partial import partial_custom_gradient
+from stopgrad_math.jax.solves import linear_solve
 from stopgrad_math.jax.stops import stop_gradient, stop_gradient_where
 
 __all__ = [
     "GradientReport",
     "assert_gradient",
     "check_gradient",
+    "custom_fixed_point",
     "custom_gradient",
+    "custom_root",
     "custom_vjp",
+    "implicit_reparameterization",
+    "linear_solve",
     "magic_box",
     "partial_custom_gradient",
     "reverse_gradient",

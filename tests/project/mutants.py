@@ -918,6 +918,17 @@ def _never_saving(original):
     return lambda: False
 
 
+def _implicit_sign_dropped(original):
+    """An implicit function's derivative without the theorem's minus sign: dz = (∂_z F)⁻¹ ∂_θ F · dθ (issue 78)."""
+    return lambda tree: tree
+
+
+def _solver_differentiated(original):
+    """An implicit function that differentiates its solver rather than embedding the implicit derivative (issue
+    78): a solver in NumPy or with a while_loop cannot be differentiated, and an unrolled one gives its own."""
+    return lambda solver, *options: solver
+
+
 def _selects_unmasked(original):
     """JAX's J·v transposing a guarded division as written (issue 77): the select's transpose runs before the
     division's, and ``where(r > 0, g / r, 0)`` gives NaN in forward mode at r = 0, where the declared element is 0."""
@@ -1055,6 +1066,13 @@ MUTANTS = {
         "stopgrad_math.tensorflow._tf_internal", "saving", _never_saving,
         ("tests/tensorflow/test_decorator_form.py::test_a_grad_fn_giving_a_scalar_argument_an_unsummed_gradient_saves_"
          "and_refuses_it_where_it_is_asked",)),
+    "JAX's implicit derivative loses its minus sign": Mutant(
+        "stopgrad_math.jax.implicit_functions", "_negated", _implicit_sign_dropped,
+        ("tests/jax/test_implicit_functions.py::test_ridge_derivatives_in_every_mode_are_the_closed_forms[dense]",)),
+    "JAX's implicit functions differentiate the solver": Mutant(
+        "stopgrad_math.jax.implicit_functions", "_solved", _solver_differentiated,
+        ("tests/jax/test_implicit_functions.py::test_a_numpy_solver_runs_eagerly_on_concrete_values_and_is_never_"
+         "differentiated",)),
     "JAX's transpose divides after the select that discarded the quotient": Mutant(
         "stopgrad_math.jax.masked_selects", "masked", _selects_unmasked,
         ("tests/jax/test_masked_selects.py::test_jacfwd_equals_jacrev_and_the_declared_jacobian_at_a_zero_row",)),
