@@ -6,9 +6,10 @@ A root z of ``F(z, θ) = 0`` moves as ``dz = −(∂_z F)⁻¹ ∂_θ F · dθ``
 
 is linear in z̄, so the decorator embeds it, and forward mode, ``vmap`` and
 ``jit`` come from its transpose; the solver runs on stopped values and is
-never differentiated. At ``order=2`` the VJP reads z as an order-1 call of the
-same function (``shared.nesting``), which moves with θ at first order, so a
-second derivative through the root (a Hessian of an outer loss) is exact.
+never differentiated. At ``order=2`` the VJP reads z moved with θ at first
+order, ``z − (p − stop(p))`` with ``p = (∂_z F)⁻¹ ∂_θ F · (θ − stop(θ))``
+(exactly z in value), so a second derivative through the root (a Hessian of an
+outer loss) is exact.
 """
 
 from __future__ import annotations
@@ -44,30 +45,38 @@ def _residual(fun: Callable[..., Any], fixed_point: bool, params: tuple[Any, ...
     return lambda z: fun(z, *params)
 
 
-def _root(*params: Any, fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | None,
-          solution: Any) -> tuple[Any, Callable[[Any], Any]]:
-    """``(solution, vjp)``: the implicit derivative of ``F(solution, *params) = 0``. The VJP reads only module
-    globals and what it closes over, so that an eager call's proof is kept by its key (``vjp_closure``)."""
+def _moving(fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | None, z: Any,
+            params: tuple[Any, ...]) -> Any:
+    """z with its first-order derivative in the params: ``z − (p − stop(p))``, p = (∂_z F)⁻¹ ∂_θ F·(θ − stop(θ)),
+    its parts at stopped values (so its own derivative is not F's second; order 2 refuses a third)."""
+    stopped = _stopped(params)
+    zeros = jax.tree_util.tree_map(lambda p, s: p - s if _inexact(p) else s, params, stopped)
+    moved = jax.jvp(lambda *ps: _residual(fun, fixed_point, ps)(z), stopped, zeros)[1]
+    p = solves.forward(_residual(fun, fixed_point, stopped), z, moved, solve)
+    return jax.tree_util.tree_map(lambda z, p: identity.attach(z, [identity.zero_with_derivative_of(p)]), z, p)
+
+
+def _root(solution: Any, *params: Any, fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | None,
+          order: int) -> tuple[Any, Callable[[Any], Any]]:
+    """``(solution, vjp)``: the implicit derivative of ``F(solution, *params) = 0``; None for the solution
+    (stopped)."""
 
     def vjp(cotangent: Any) -> Any:
-        # inside an order-2 VJP this nested call embeds at order 1 (z moving with params); inside order 1's, z itself
-        moving = _NESTED(*params, fun=fun, fixed_point=fixed_point, solve=solve, solution=solution)
-        u = solves.transposed(_residual(fun, fixed_point, params), moving, cotangent, solve)
-        pullback = jax.vjp(lambda *params: _residual(fun, fixed_point, params)(moving), *params)[1]
-        return _negated(tuple(pullback(u)))
+        z = _moving(fun, fixed_point, solve, solution, params) if order == 2 else solution
+        u = solves.transposed(_residual(fun, fixed_point, params), z, cotangent, solve)
+        pullback = jax.vjp(lambda *params: _residual(fun, fixed_point, params)(z), *params)[1]
+        return (None, *_negated(tuple(pullback(u))))
 
     return solution, vjp
 
 
-_NESTED = decorator_form.decorate(_root)  # (the order of a nested call is the enclosing VJP's: nesting.call)
+def _implicit(name: str, fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | None,
+              order: int) -> Callable[..., Any]:
+    """``(solution, *params) ↦ solution``, decorated at ``order`` with the implicit derivative, named for
+    messages."""
 
-
-def _implicit(name: str, order: int) -> Callable[..., Any]:
-    """``_root`` decorated at ``order``, named for messages."""
-
-    def implicit(*params: Any, fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | None,
-                 solution: Any) -> tuple[Any, Callable[[Any], Any]]:
-        return _root(*params, fun=fun, fixed_point=fixed_point, solve=solve, solution=solution)
+    def implicit(solution: Any, *params: Any) -> tuple[Any, Callable[[Any], Any]]:
+        return _root(solution, *params, fun=fun, fixed_point=fixed_point, solve=solve, order=order)
 
     implicit.__name__ = implicit.__qualname__ = name
     return decorator_form.decorate(implicit, order)
@@ -75,12 +84,11 @@ def _implicit(name: str, order: int) -> Callable[..., Any]:
 
 def _solved(solver: Callable[..., Any], fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | None,
             order: int, kind: str) -> Callable[..., Any]:
-    implicit = _implicit(f"{kind}({_name(solver)})", order)
+    implicit = _implicit(f"{kind}({_name(solver)})", fun, fixed_point, solve, order)
 
     @functools.wraps(solver)
     def solved(init: Any, *params: Any) -> Any:
-        solution = _stopped(solver(_stopped(init), *_stopped(params)))
-        return implicit(*params, fun=fun, fixed_point=fixed_point, solve=solve, solution=solution)
+        return implicit(_stopped(solver(_stopped(init), *_stopped(params))), *params)
 
     return solved
 
@@ -157,9 +165,8 @@ def implicit_reparameterization(sample: Any, cdf: Callable[..., Any], *params: A
         >>> float(jax.grad(lambda rate: implicit_reparameterization(z, cdf, rate).sum())(2.0))   # −(0.5 + 2) / 2
         -1.25
     """
-    implicit = _implicit(f"implicit_reparameterization({_name(cdf)})", order)
-    draws: jax.Array = implicit(*params, fun=cdf, fixed_point=False, solve=solves.ELEMENTWISE,
-                                solution=_stopped(jnp.asarray(sample)))
+    implicit = _implicit(f"implicit_reparameterization({_name(cdf)})", cdf, False, solves.ELEMENTWISE, order)
+    draws: jax.Array = implicit(_stopped(jnp.asarray(sample)), *params)
     return draws
 
 

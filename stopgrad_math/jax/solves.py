@@ -46,6 +46,18 @@ def linear_solve(matvec: Callable[[Any], Any], b: Any, solve: Solve, transpose_s
     return jax.lax.custom_linear_solve(matvec, b, solve, transpose_solve=transpose_solve, symmetric=symmetric)
 
 
+def forward(residual: Callable[[Any], Any], z: Any, b: Any, solve: Solve | str | None) -> Any:
+    """p with ``(∂_z residual) p = b`` at ``z``, as ``transposed`` solves with the transpose."""
+    if solve is None:
+        flat, unravel = ravel_pytree(z)
+        jacobian = jax.jacfwd(lambda flat: ravel_pytree(residual(unravel(flat)))[0])(flat)
+        return unravel(jnp.linalg.solve(jacobian, ravel_pytree(b)[0]))
+    if solve == ELEMENTWISE:
+        return b / jax.jvp(residual, (z,), (jnp.ones_like(z),))[1]
+    given = typing.cast(Solve, solve)
+    return linear_solve(lambda p: jax.jvp(residual, (z,), (p,))[1], b, given, transpose_solve=given)
+
+
 def transposed(residual: Callable[[Any], Any], z: Any, b: Any, solve: Solve | str | None) -> Any:
     """u with ``(∂_z residual)ᵀ u = b`` at ``z``: ``solve=None`` forms the Jacobian densely (any pytree z,
     raveled); ``ELEMENTWISE`` divides by its diagonal, read in one JVP (linear op by op); a ``solve(matvec, b)`` is

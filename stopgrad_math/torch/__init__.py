@@ -10,6 +10,7 @@ from stopgrad_math.torch.function_face import Function
 from stopgrad_math.torch.gradient_checker import GradientReport, assert_gradient, check_gradient
 from stopgrad_math.torch.identity import zero_with_gradient
 from stopgrad_math.torch.identity_form import custom_gradient
+from stopgrad_math.torch.implicit_functions import custom_fixed_point, custom_root, implicit_reparameterization
 from stopgrad_math.torch.partial import partial_custom_gradient
 from stopgrad_math.torch.stops import stop_gradient, stop_gradient_where
 
@@ -18,7 +19,10 @@ __all__ = [
     "GradientReport",
     "assert_gradient",
     "check_gradient",
+    "custom_fixed_point",
     "custom_gradient",
+    "custom_root",
+    "implicit_reparameterization",
     "magic_box",
     "partial_custom_gradient",
     "reverse_gradient",

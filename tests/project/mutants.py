@@ -1073,6 +1073,13 @@ MUTANTS = {
         "stopgrad_math.jax.implicit_functions", "_solved", _solver_differentiated,
         ("tests/jax/test_implicit_functions.py::test_a_numpy_solver_runs_eagerly_on_concrete_values_and_is_never_"
          "differentiated",)),
+    "PyTorch's implicit derivative loses its minus sign": Mutant(
+        "stopgrad_math.torch.implicit_functions", "_negated", _implicit_sign_dropped,
+        ("tests/torch/test_implicit_functions.py::test_ridge_derivatives_in_every_mode_are_the_closed_forms[dense]",)),
+    "PyTorch's implicit functions differentiate the solver": Mutant(
+        "stopgrad_math.torch.implicit_functions", "_solved", _solver_differentiated,
+        ("tests/torch/test_implicit_functions.py::test_a_scipy_solver_runs_eagerly_on_detached_values_and_is_never_"
+         "differentiated",)),
     "JAX's transpose divides after the select that discarded the quotient": Mutant(
         "stopgrad_math.jax.masked_selects", "masked", _selects_unmasked,
         ("tests/jax/test_masked_selects.py::test_jacfwd_equals_jacrev_and_the_declared_jacobian_at_a_zero_row",)),
