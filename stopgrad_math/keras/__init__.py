@@ -19,13 +19,17 @@ from stopgrad_math.keras.helpers import (
     zero_with_gradient,
 )
 from stopgrad_math.keras.identity_form import custom_gradient
+from stopgrad_math.keras.implicit_functions import custom_fixed_point, custom_root, implicit_reparameterization
 from stopgrad_math.shared.gradient_report import GradientReport
 
 __all__ = [
     "GradientReport",
     "assert_gradient",
     "check_gradient",
+    "custom_fixed_point",
     "custom_gradient",
+    "custom_root",
+    "implicit_reparameterization",
     "magic_box",
     "partial_custom_gradient",
     "reverse_gradient",

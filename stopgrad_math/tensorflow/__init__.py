@@ -9,6 +9,7 @@ from stopgrad_math.tensorflow.estimators import magic_box, reverse_gradient, sca
 from stopgrad_math.tensorflow.gradient_checker import GradientReport, assert_gradient, check_gradient
 from stopgrad_math.tensorflow.identity import zero_with_gradient
 from stopgrad_math.tensorflow.identity_form import custom_gradient
+from stopgrad_math.tensorflow.implicit_functions import custom_fixed_point, custom_root, implicit_reparameterization
 from stopgrad_math.tensorflow.partial import partial_custom_gradient
 from stopgrad_math.tensorflow.stops import stop_gradient, stop_gradient_where
 from stopgrad_math.tensorflow.value_only_mode import values_only
@@ -17,7 +18,10 @@ __all__ = [
     "GradientReport",
     "assert_gradient",
     "check_gradient",
+    "custom_fixed_point",
     "custom_gradient",
+    "custom_root",
+    "implicit_reparameterization",
     "magic_box",
     "partial_custom_gradient",
     "reverse_gradient",

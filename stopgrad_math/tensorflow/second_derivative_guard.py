@@ -48,12 +48,13 @@ def needed(arguments: list[tf.Tensor]) -> bool:
     return _tf_internal.higher_order_gradient_possible(arguments)
 
 
-def zero_term(arguments: list[tf.Tensor]) -> tf.Tensor:
-    """The guard: +0.0 in float32, first derivative −0.0 w.r.t. each argument, second derivative raising."""
+def zero_term(arguments: list[tf.Tensor], message: str = MESSAGE) -> tf.Tensor:
+    """The guard: +0.0 in float32, first derivative −0.0 w.r.t. each argument, second derivative raising
+    ``message``."""
     # u = −Σ c(stop(x) − x): +0.0 reaches the carrier c, which passes it at every element (inf and NaN too),
     # and stop(x) − x negates it: what reaches x is −0.0 everywhere, which no sum changes.
     u = -tf.add_n([tf.reduce_sum(_as_float32(identity.zero_with_slope(x, True))) for x in arguments])
-    prevented = tf.raw_ops.PreventGradient(input=tf.math.sign(u), message=MESSAGE)
+    prevented = tf.raw_ops.PreventGradient(input=tf.math.sign(u), message=message)
     s = 2.0 + identity.multiply_no_nan(prevented, tf.constant(0.0))
     zeta = tf.math.zeta(s, 1.0 + u)
     return identity.multiply_no_nan(zeta, tf.zeros_like(zeta))

@@ -171,13 +171,15 @@ def custom_fixed_point(fixed_point_fun: Callable[..., Any], solve: Solve | None 
 
 
 def implicit_reparameterization(sample: torch.Tensor, cdf: Callable[..., Any], *params: Any,
-                                order: int = 2) -> torch.Tensor:
+                                order: int = 1) -> torch.Tensor:
     """Returns draws ``sample`` with their implicit reparameterization gradient in ``params``.
 
     For draws ``z = F⁻¹(u; θ)`` of a distribution whose CDF is ``cdf(z, *params)``
     (elementwise; ``params`` broadcast to the draws' shape), the derivative is
     ``dz/dθ = −(∂F/∂θ) / (∂F/∂z)`` (Figurnov et al., 2018), summed back to each
-    parameter's shape. ``sample`` is detached; ``order`` as for ``custom_root``.
+    parameter's shape. ``sample`` is detached. ``order=1`` (the default) gives first derivatives and refuses a second;
+    ``order=2`` makes second derivatives exact where ``cdf`` has them (Gamma's CDF has none in its concentration
+    in TensorFlow and PyTorch).
 
     Examples:
         Exponential draws, z = −log(1 − u) / rate, whose derivative is −z / rate.

@@ -9,6 +9,7 @@ decorator then proves linear op by op as it proves any VJP.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 
 import torch
@@ -22,24 +23,25 @@ def forward_product(function: Callable[..., torch.Tensor], primals: tuple[torch.
     """``J·tangents`` of ``function`` at ``primals``, in reverse mode alone: the pullback's own pullback (the
     pullback is linear, so its transpose is J). Forward mode here would nest in a caller's forward_ad level, which
     PyTorch refuses, and its formulas decompose into prims that a trace by shapes cannot run."""
-    output, pullback = torch.func.vjp(function, *primals)
-    return torch.func.vjp(lambda u: pullback(u), torch.zeros_like(output))[1](tuple(tangents))[0]
+    output, pullback = torch.func.vjp(function, *primals)[:2]
+    return typing.cast(torch.Tensor, torch.func.vjp(pullback, torch.zeros_like(output))[1](tuple(tangents))[0])
 
 
 def _diagonal(residual: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor) -> torch.Tensor:
     """An elementwise residual's Jacobian's diagonal: its pullback of ones."""
-    return torch.func.vjp(residual, z)[1](torch.ones_like(z))[0]
+    return typing.cast(torch.Tensor, torch.func.vjp(residual, z)[1](torch.ones_like(z))[0])
 
 
 def _jacobian(residual: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor) -> torch.Tensor:
-    return torch.func.jacrev(lambda flat: residual(flat.reshape(z.shape)).reshape(-1))(z.reshape(-1))
+    return typing.cast(torch.Tensor,
+                       torch.func.jacrev(lambda flat: residual(flat.reshape(z.shape)).reshape(-1))(z.reshape(-1)))
 
 
 def transposed(residual: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor, b: torch.Tensor,
                solve: Solve | str | None) -> torch.Tensor:
     """u with ``(∂_z residual)ᵀ u = b`` at ``z``."""
     if solve is None:
-        return torch.linalg.solve(_jacobian(residual, z).mT, b.reshape(-1)).reshape(z.shape)
+        return torch.linalg.solve(_jacobian(residual, z).mT, b.reshape(-1)).reshape(z.shape)  # type: ignore[no-any-return]
     if solve == ELEMENTWISE:
         return b / _diagonal(residual, z)
     pullback = torch.func.vjp(residual, z)[1]
@@ -50,7 +52,7 @@ def forward(residual: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor, b
             solve: Solve | str | None) -> torch.Tensor:
     """p with ``(∂_z residual) p = b`` at ``z``."""
     if solve is None:
-        return torch.linalg.solve(_jacobian(residual, z), b.reshape(-1)).reshape(z.shape)
+        return torch.linalg.solve(_jacobian(residual, z), b.reshape(-1)).reshape(z.shape)  # type: ignore[no-any-return]
     if solve == ELEMENTWISE:
         return b / _diagonal(residual, z)
     return _given(solve)(lambda p: forward_product(residual, (z,), (p,)), b)

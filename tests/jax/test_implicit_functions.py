@@ -198,7 +198,7 @@ def test_exponential_draws_first_and_second_derivatives_are_the_closed_forms(flo
     """z = −log(1 − u) / λ: dz/dλ = −z/λ, d²z/dλ² = 2z/λ², for a vector of draws and a scalar rate (summed) or
     one rate per draw."""
     z = jnp.array([0.5, 2.0, 1e-3, 7.0])
-    draws = lambda rate: sgm.implicit_reparameterization(z, _exponential_cdf, rate)  # noqa: E731
+    draws = lambda rate: sgm.implicit_reparameterization(z, _exponential_cdf, rate, order=2)  # noqa: E731
     rate = 2.0
     np.testing.assert_array_equal(draws(rate), z)
     np.testing.assert_allclose(jax.jacrev(draws)(rate), -z / rate, rtol=1e-14)

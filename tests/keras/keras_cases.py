@@ -362,3 +362,25 @@ def test_a_layers_decorated_call_keeps_its_signature_and_binds_the_layer():
     np.testing.assert_array_equal(ops.convert_to_numpy(model(x, training=True)), x)
     np.testing.assert_array_equal(reverse(lambda x: layer(x, training=True), x), np.full_like(x, 0.5))
     np.testing.assert_array_equal(reverse(lambda x: layer(x, training=False), x), np.full_like(x, 0.25))
+
+
+def test_implicit_functions_on_the_backend():
+    """A square root as a root of z² − a (dz/da = 1 / 2z, d²z/da² = −1 / 4z³) and exponential draws through their
+    CDF (dz/dλ = −z/λ), in the backend's reverse and forward mode; a keras.Variable as a parameter."""
+
+    @sgk.custom_root(lambda z, a: z * z - a)
+    def square_root(init, a):
+        return ops.sqrt(a)
+
+    a = np.array([4.0, 9.0, 0.25], dtype=np.float32)
+    z = np.sqrt(a)
+    np.testing.assert_allclose(reverse(lambda a: square_root(ops.zeros(3), a), a), 1 / (2 * z), rtol=1e-6)
+    np.testing.assert_allclose(forward(lambda a: square_root(ops.zeros(3), a), a), 1 / (2 * z), rtol=1e-6)
+    np.testing.assert_allclose(ops.convert_to_numpy(square_root(ops.zeros(3), keras.Variable(a))), z)
+    draws = np.array([0.5, 2.0, 7.0], dtype=np.float32)
+    cdf = lambda z, rate: 1 - ops.exp(-rate * z)  # noqa: E731
+    rate = np.array([0.5, 2.0, 4.0], dtype=np.float32)
+    np.testing.assert_allclose(reverse(lambda r: sgk.implicit_reparameterization(draws, cdf, r), rate),
+                               -draws / rate, rtol=1e-6)
+    np.testing.assert_allclose(forward(lambda r: sgk.implicit_reparameterization(draws, cdf, r), rate),
+                               -draws / rate, rtol=1e-6)

@@ -86,7 +86,9 @@ def test_the_wheel_builds_without_warnings_and_works_installed(tmp_path):
 def test_the_jax_torch_and_keras_namespaces_have_the_tensorflow_namespaces_names():
     """The __all__ lists are written out (the API reference reads them statically): this keeps them in step.
     values_only() is TensorFlow's alone (JAX has no tape to switch off: docs/jax.md); each framework's drop-in for
-    its own mechanism is its own (stopgrad_math.jax.custom_vjp, stopgrad_math.torch.Function)."""
+    its own mechanism is its own (stopgrad_math.jax.custom_vjp, stopgrad_math.torch.Function); linear_solve is
+    JAX's alone (jax.lax.custom_linear_solve) until TensorFlow and PyTorch have a solve declared linear (issue
+    78)."""
     import stopgrad_math
     import stopgrad_math.jax
     import stopgrad_math.keras
@@ -94,7 +96,7 @@ def test_the_jax_torch_and_keras_namespaces_have_the_tensorflow_namespaces_names
     import stopgrad_math.torch
 
     shared = set(stopgrad_math.__all__) - {"values_only"}
-    assert set(stopgrad_math.jax.__all__) == shared | {"custom_vjp"}
+    assert set(stopgrad_math.jax.__all__) == shared | {"custom_vjp", "linear_solve"}
     assert set(stopgrad_math.torch.__all__) == shared | {"Function"}
     assert set(stopgrad_math.keras.__all__) == shared
     assert stopgrad_math.__all__ == stopgrad_math.tensorflow.__all__  # the lazy namespace is the TensorFlow one

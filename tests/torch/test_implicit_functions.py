@@ -209,7 +209,7 @@ def _exponential_cdf(z, rate):
 def test_exponential_draws_first_and_second_derivatives_are_the_closed_forms():
     """z = −log(1 − u) / λ: dz/dλ = −z/λ, d²z/dλ² = 2z/λ², for a scalar rate (summed) and one rate per draw."""
     z = torch.tensor([0.5, 2.0, 1e-3, 7.0], dtype=_DOUBLE)
-    draws = lambda rate: sgm.implicit_reparameterization(z, _exponential_cdf, rate)  # noqa: E731
+    draws = lambda rate: sgm.implicit_reparameterization(z, _exponential_cdf, rate, order=2)  # noqa: E731
     rate = _lam()
     assert torch.equal(draws(rate), z)
     torch.testing.assert_close(torch.func.jacrev(draws)(rate), -z / rate, rtol=1e-14, atol=0)

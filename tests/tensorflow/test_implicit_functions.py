@@ -1,0 +1,185 @@
+"""custom_root, custom_fixed_point and implicit_reparameterization in TensorFlow, against closed forms, autodiff
+through a converged unrolled solver and TensorFlow's own implicit gradients: tapes, forward accumulators, nested
+tapes and forward over reverse, eagerly, under tf.function, under XLA and in TF1 graphs."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import gradient_and_second, in_mode, jvp, vjp
+
+import stopgrad_math as sgm
+
+_DOUBLE = tf.float64
+_X = np.random.default_rng(0).normal(size=(20, 5))  # (NumPy: each graph makes its own constant of them)
+_Y = np.random.default_rng(1).normal(size=20)
+
+
+def _optimality(w, lam):  # the gradient of ½|Xw − y|² + ½λ|w|²
+    return tf.linalg.matvec(_X, tf.linalg.matvec(_X, w) - _Y, transpose_a=True) + lam * w
+
+
+def _closed_form(lam):  # its solution, differentiated by plain autodiff: the truth
+    normal = tf.matmul(_X, _X, transpose_a=True) + lam * tf.eye(5, dtype=_DOUBLE)
+    return tf.linalg.solve(normal, tf.linalg.matvec(_X, _Y, transpose_a=True)[:, None])[:, 0]
+
+
+def _ridge(order=2):
+    @sgm.custom_root(_optimality, order=order)
+    def ridge(init, lam):  # the normal equations (SciPy's solver below cannot be differentiated)
+        return _closed_form(lam)
+    return lambda lam: ridge(tf.zeros(5, _DOUBLE), lam)
+
+
+def _jacobian(fn, x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fn(x)
+    return tape.jacobian(y, x)
+
+
+def test_ridge_derivatives_in_every_mode_are_the_closed_forms(mode):
+    ridge, lam = _ridge(), tf.constant(2.0, _DOUBLE)
+    truth = _jacobian(_closed_form, lam)
+    np.testing.assert_allclose(in_mode(ridge, mode)(lam), _closed_form(lam), rtol=1e-10)
+    np.testing.assert_allclose(in_mode(lambda lam: _jacobian(ridge, lam), mode)(lam), truth, rtol=1e-9)
+    np.testing.assert_allclose(in_mode(lambda lam: jvp(ridge, lam, tf.constant(0.5, _DOUBLE)), mode)(lam),
+                               0.5 * truth, rtol=1e-9)
+
+
+def test_the_hessian_of_a_loss_through_the_root_is_the_closed_forms(mode):
+    ridge = _ridge()
+    target = tf.linspace(tf.constant(-0.5, _DOUBLE), 0.5, 5)
+
+    def loss(f):
+        return lambda lam: tf.reduce_sum((f(lam) - target) ** 2)
+
+    for value in (0.5, 2.0):
+        lam = tf.constant(value, _DOUBLE)
+        truth = gradient_and_second(loss(_closed_form), lam)
+        for got in (in_mode(lambda lam: gradient_and_second(loss(ridge), lam), mode)(lam),
+                    in_mode(lambda lam: jvp(lambda lam: vjp(loss(ridge), lam), lam, tf.constant(1.0, _DOUBLE)),
+                            mode)(lam)):
+            np.testing.assert_allclose(got[-1] if isinstance(got, tuple) else got, truth[1], rtol=1e-8)
+
+
+def test_tf1_graphs_with_tf_gradients():
+    with tf.Graph().as_default():
+        lam = tf.compat.v1.placeholder(_DOUBLE, shape=[])
+        first = tf.gradients(tf.reduce_sum(_ridge()(lam) ** 2), lam)[0]
+        second = tf.gradients(first, lam)[0]
+        truth_first = tf.gradients(tf.reduce_sum(_closed_form(lam) ** 2), lam)[0]
+        truth_second = tf.gradients(truth_first, lam)[0]
+        with tf.compat.v1.Session() as session:
+            got = session.run([first, second, truth_first, truth_second], {lam: 2.0})
+    np.testing.assert_allclose(got[:2], got[2:], rtol=1e-8)
+
+
+def test_order_1_refuses_a_second_derivative_and_order_2_a_third():
+    lam = tf.constant(2.0, _DOUBLE)
+    first = _ridge(order=1)
+    np.testing.assert_allclose(vjp(lambda lam: tf.reduce_sum(first(lam) ** 2), lam),
+                               vjp(lambda lam: tf.reduce_sum(_closed_form(lam) ** 2), lam), rtol=1e-9)
+    with pytest.raises(LookupError, match="order=2"):
+        gradient_and_second(lambda lam: first(lam) ** 2, lam)
+    ridge = _ridge()
+    with pytest.raises(LookupError, match="third derivative through custom_root"):
+        with tf.GradientTape() as third:
+            third.watch(lam)
+            second = gradient_and_second(lambda lam: ridge(lam) ** 2, lam)[1]
+        third.gradient(second, lam)
+
+
+def test_a_scipy_solver_runs_eagerly_on_stopped_values_and_is_never_differentiated():
+    """SciPy's root finder on z³ + z = θ elementwise (z' = 1 / (3z² + 1), z'' = −6z z'³)."""
+    optimize = pytest.importorskip("scipy.optimize")
+
+    def optimality(z, theta):
+        return z ** 3 + z - theta
+
+    @sgm.custom_root(optimality)
+    def cubic(init, theta):
+        return optimize.root(lambda z: optimality(z, theta.numpy()), init.numpy(), tol=1e-14).x
+
+    theta = tf.constant([0.5, 2.0, -3.0], _DOUBLE)
+    solved = lambda theta: cubic(tf.zeros(3, _DOUBLE), theta)  # noqa: E731
+    z = solved(theta).numpy()
+    np.testing.assert_allclose(z ** 3 + z, theta, rtol=1e-12)
+    slope = 1 / (3 * z ** 2 + 1)
+    gradient, second = gradient_and_second(solved, theta)
+    np.testing.assert_allclose(gradient, slope, rtol=1e-10)
+    np.testing.assert_allclose(jvp(solved, theta, tf.ones(3, _DOUBLE)), slope, rtol=1e-10)
+    np.testing.assert_allclose(second, -6 * z * slope ** 3, rtol=1e-9, atol=1e-14)
+
+
+_W = 0.2 * np.random.default_rng(2).normal(size=(4, 4))
+
+
+def _layer(z, x):
+    return tf.tanh(tf.linalg.matvec(_W, z) + x)
+
+
+def _unrolled(x):  # the truth: autodiff through the iteration, run to convergence in float64
+    z = tf.zeros(4, _DOUBLE)
+    for _ in range(300):
+        z = _layer(z, x)
+    return z
+
+
+def test_a_deep_equilibrium_fixed_point_against_the_unrolled_iteration():
+    @sgm.custom_fixed_point(_layer)
+    def equilibrium(init, x):  # to a tolerance read in Python
+        z, previous = _layer(init, x), init
+        while float(tf.reduce_max(tf.abs(z - previous))) > 1e-15:
+            z, previous = _layer(z, x), z
+        return z
+
+    x = tf.constant([0.3, -0.5, 1.0, 0.1], _DOUBLE)
+    fixed = lambda x: equilibrium(tf.zeros(4, _DOUBLE), x)  # noqa: E731
+    np.testing.assert_allclose(fixed(x), _unrolled(x), rtol=1e-12)
+    truth = _jacobian(_unrolled, x)
+    np.testing.assert_allclose(_jacobian(fixed, x), truth, rtol=1e-8, atol=1e-12)
+    columns = [jvp(fixed, x, e) for e in tf.eye(4, dtype=_DOUBLE)]
+    np.testing.assert_allclose(tf.stack(columns, 1), truth, rtol=1e-8, atol=1e-12)
+    squared = lambda f: lambda x: f(x) ** 2  # noqa: E731
+    np.testing.assert_allclose(gradient_and_second(squared(fixed), x)[1], gradient_and_second(squared(_unrolled), x)[1],
+                               rtol=1e-7, atol=1e-12)
+
+
+def _exponential_cdf(z, rate):
+    return 1 - tf.exp(-rate * z)
+
+
+def test_exponential_draws_first_and_second_derivatives_are_the_closed_forms(mode):
+    """z = −log(1 − u) / λ: dz/dλ = −z/λ, d²z/dλ² = 2z/λ², for a scalar rate (summed) and one rate per draw."""
+    z = tf.constant([0.5, 2.0, 1e-3, 7.0], _DOUBLE)
+    draws = lambda rate: sgm.implicit_reparameterization(z, _exponential_cdf, rate, order=2)  # noqa: E731
+    rate = tf.constant(2.0, _DOUBLE)
+    np.testing.assert_array_equal(in_mode(draws, mode)(rate), z)
+    gradient, second = in_mode(lambda rate: gradient_and_second(draws, rate), mode)(rate)
+    np.testing.assert_allclose(gradient, -tf.reduce_sum(z) / rate, rtol=1e-14)
+    np.testing.assert_allclose(second, 2 * tf.reduce_sum(z) / rate ** 2, rtol=1e-13)
+    np.testing.assert_allclose(in_mode(lambda rate: jvp(draws, rate, tf.constant(1.0, _DOUBLE)), mode)(rate),
+                               -z / rate, rtol=1e-14)
+    rates = tf.constant([0.5, 1.0, 2.0, 4.0], _DOUBLE)
+    np.testing.assert_allclose(in_mode(lambda rates: _jacobian(draws, rates), mode)(rates),
+                               np.diag(-z / rates), rtol=1e-14)
+
+
+@pytest.mark.parametrize("concentration", [1.7, [0.3, 1.0, 2.5, 7.0, 0.9, 15.0]], ids=["scalar", "per draw"])
+def test_gamma_draws_match_tf_random_gammas_own_implicit_gradients(concentration):
+    """tf.random.gamma differentiates its draws implicitly; the same draws through the Gamma CDF (the regularized
+    incomplete gamma function) give its derivatives, for a scalar concentration of six draws (summed back) and one
+    per draw."""
+    concentration = tf.constant(concentration, _DOUBLE)
+
+    def reference(a):
+        return tf.random.stateless_gamma([6], seed=[3, 4], alpha=a, dtype=_DOUBLE)
+
+    def ours(a):
+        return sgm.implicit_reparameterization(reference(a), lambda z, a: tf.math.igamma(a, z), a)
+
+    np.testing.assert_array_equal(ours(concentration), reference(concentration))
+    truth = _jacobian(reference, concentration)
+    np.testing.assert_allclose(_jacobian(ours, concentration), truth, rtol=1e-6)
+    np.testing.assert_allclose(jvp(ours, concentration, tf.ones_like(concentration)),
+                               tf.reduce_sum(tf.reshape(truth, [6, -1]), axis=1), rtol=1e-6)
