@@ -68,8 +68,11 @@ def _moving(fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | Non
     moved = solves.forward_product(_of_tensors(lambda *ps: _residual(fun, fixed_point, ps)(z), stopped, tensors),
                                    [stopped[k] for k in tensors], zeros)
     p = solves.forward(_residual(fun, fixed_point, stopped), z, moved, solve)
-    moving = z - (p - tf.stop_gradient(p))
-    watched = [params[k] for k in tensors]
+    return _guarded(z - (p - tf.stop_gradient(p)), [params[k] for k in tensors], name)
+
+
+def _guarded(moving: tf.Tensor, watched: list[tf.Tensor], name: str) -> tf.Tensor:
+    """``moving`` with the guard's zero term where a tape could take its second derivative in ``watched``."""
     if not second_derivative_guard.needed(watched):
         return moving
     guard = second_derivative_guard.zero_term(watched, BEYOND_ORDER[2].format(name=name))

@@ -1073,6 +1073,16 @@ MUTANTS = {
         "stopgrad_math.jax.implicit_functions", "_solved", _solver_differentiated,
         ("tests/jax/test_implicit_functions.py::test_a_numpy_solver_runs_eagerly_on_concrete_values_and_is_never_"
          "differentiated",)),
+    "TensorFlow's implicit derivative loses its minus sign": Mutant(
+        "stopgrad_math.tensorflow.implicit_functions", "_negated", _implicit_sign_dropped,
+        ("tests/tensorflow/test_implicit_functions.py::test_ridge_derivatives_in_every_mode_are_the_closed_forms[eager]",)),
+    "TensorFlow's implicit functions differentiate the solver": Mutant(
+        "stopgrad_math.tensorflow.implicit_functions", "_solved", _solver_differentiated,
+        ("tests/tensorflow/test_implicit_functions.py::test_a_scipy_solver_runs_eagerly_on_stopped_values_and_is_never_"
+         "differentiated",)),
+    "TensorFlow's implicit functions give a third derivative without the guard": Mutant(
+        "stopgrad_math.tensorflow.implicit_functions", "_guarded", lambda original: lambda moving, *rest: moving,
+        ("tests/tensorflow/test_implicit_functions.py::test_order_1_refuses_a_second_derivative_and_order_2_a_third",)),
     "PyTorch's implicit derivative loses its minus sign": Mutant(
         "stopgrad_math.torch.implicit_functions", "_negated", _implicit_sign_dropped,
         ("tests/torch/test_implicit_functions.py::test_ridge_derivatives_in_every_mode_are_the_closed_forms[dense]",)),
