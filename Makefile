@@ -104,13 +104,19 @@ test-torch-newest: $(NEWEST_TORCH)/.installed
 	STOPGRAD_CASE_SAMPLE=5:1:2 $(NEWEST_TORCH)/bin/python -m pytest -n 2 --durations=10 tests/torch \
 		--ignore=tests/torch/test_benchmarks.py
 
-bench: $(VENV)/.installed-test
+$(VENV)/.installed-bench: $(VENV)/.installed-test
+	$(BIN)/python $(PIP_INSTALL) -e ".[bench]"
+	touch $@
+
+bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/tf_real_code.py
 	$(BIN)/python benchmarks/jax_run.py
 	$(BIN)/python benchmarks/jax_real_code.py
+	$(BIN)/python benchmarks/jax_implicit.py
 	$(BIN)/python benchmarks/torch_run.py
 	$(BIN)/python benchmarks/torch_real_code.py
+	$(BIN)/python benchmarks/torch_implicit.py
 	$(BIN)/python benchmarks/tfp_inside.py
 
 clean:

@@ -10,6 +10,7 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+import jax_implicit  # noqa: E402
 import jax_real_code  # noqa: E402
 import jax_run  # noqa: E402
 
@@ -76,3 +77,30 @@ def test_a_real_code_run_writes_its_report(tmp_path):
                                "--cases", "safe norm", "sparsemax"]) == 0
     text = (tmp_path / "latest-jax-real.md").read_text()
     assert "## jit value+grad" in text and "| sparsemax |" in text and "## eager, no derivative" in text
+
+
+# ---------------------------------------------------------------- implicit functions (jax_implicit.py)
+
+
+@pytest.mark.parametrize("case", jax_implicit.CASES)
+@pytest.mark.parametrize("phase", jax_implicit.PHASES)
+def test_every_implicit_implementation_computes_the_unrolled_solvers_numbers(case, phase):
+    """The ratios compare implementations only if each computes the same value and derivative: the unrolled
+    solver's, converged (jaxopt and optimistix where installed: they are the bench extra's)."""
+    shape = (4, 8)
+    theta = jax_implicit._problem(case, shape)[3]
+    made = jax_implicit.implementations(case, shape)
+    want = jax_implicit.program(made["autodiff, unrolled"], phase)(theta)
+    for name, function in made.items():
+        if name == "jaxopt" and "jvp" in phase:
+            continue
+        for got, expected in zip(jax.tree_util.tree_leaves(jax_implicit.program(function, phase)(theta)),
+                                 jax.tree_util.tree_leaves(want), strict=True):
+            np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-4, err_msg=name)
+
+
+def test_an_implicit_run_writes_its_report(tmp_path):
+    assert jax_implicit.main(["--out", str(tmp_path), "--blocks", "1", "--min-time", "0", "--shapes", "small",
+                              "--phases", "jit value+grad", "jit jvp"]) == 0
+    text = (tmp_path / "latest-jax-implicit.md").read_text()
+    assert "## jit jvp" in text and "| fixed point, GMRES | small |" in text and "÷ jaxopt" in text

@@ -4,6 +4,7 @@ numbers, in every phase."""
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch_implicit  # noqa: E402
 import torch_real_code  # noqa: E402
 import torch_run  # noqa: E402
 from torch_modes import fresh_compilation  # noqa: E402
@@ -63,3 +64,32 @@ def test_a_real_code_run_writes_its_report(tmp_path, monkeypatch):
                                  "--compile-backend", "aot_eager"]) == 0
     text = (tmp_path / "latest-torch-real.md").read_text()
     assert "## compiled value+grad" in text and "| STE quantizer, learned scale |" in text
+
+
+# ---------------------------------------------------------------- implicit functions (torch_implicit.py)
+
+
+@pytest.mark.parametrize("phase", torch_implicit.PHASES)
+def test_every_implicit_implementation_computes_the_unrolled_solvers_numbers(phase, monkeypatch):
+    """The ratios compare implementations only if each computes the same value and derivative: the normal
+    equations' autodiff (torchopt where installed: it is the bench extra's)."""
+    fresh_compilation(monkeypatch)
+    shape = (4, 8)
+    lam = torch_implicit._problem(shape)[3]
+    made = torch_implicit.implementations(shape)
+    want = torch_implicit.program(made["autodiff, unrolled"], phase)(lam)
+    for name, function in made.items():
+        if name == "torchopt" and phase != "eager value+grad":
+            continue
+        got = torch_implicit.program(function, phase)(lam)
+        for one, expected in zip(got if isinstance(got, tuple) else (got,),
+                                 want if isinstance(want, tuple) else (want,), strict=True):
+            torch.testing.assert_close(one, expected, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_an_implicit_run_writes_its_report(tmp_path, monkeypatch):
+    fresh_compilation(monkeypatch)
+    assert torch_implicit.main(["--out", str(tmp_path), "--blocks", "1", "--min-time", "0", "--shapes", "small",
+                                "--phases", "eager value+grad", "eager jvp"]) == 0
+    text = (tmp_path / "latest-torch-implicit.md").read_text()
+    assert "## eager jvp" in text and "| ridge regression, dense | small |" in text and "÷ torchopt" in text
