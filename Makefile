@@ -77,7 +77,8 @@ $(OLDEST)/.installed: $(OLDEST)/bin/python $(DEPS) $(OLDEST_PINS)
 # the benchmark harnesses (their reports; every mode's exactness has tests of its own), and the program's banner.
 OLDEST_LEFT_OUT := tensorflow/test_tfp_sweep tensorflow/test_inside_tfp project/test_packaging project/test_main \
 	tensorflow/test_benchmarks torch/test_benchmarks jax/test_benchmarks
-NOTEBOOKS_MAKE_TEST_RUNS := log1pexp known_gradients_in_tfp estimators log1pexp_on_torch
+NOTEBOOKS_MAKE_TEST_RUNS := log1pexp known_gradients_in_tfp estimators log1pexp_on_torch \
+	implicit_reparameterization
 # Here and in test-torch-newest: every test file, half of its test functions, and a fifth of each one's
 # parametrized cases (at least one) with 10 of hypothesis's 40 examples, each target from its own offset, so that
 # every PyTorch test function runs on one of the two torch versions (STOPGRAD_CASE_SAMPLE, case_sample.py in

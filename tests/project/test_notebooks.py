@@ -18,7 +18,8 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).parents[2] / "notebooks").glob("*.ipy
 
 def test_the_notebooks_are_there():
     assert {p.name for p in NOTEBOOKS} >= {"log1pexp.ipynb", "known_gradients_in_tfp.ipynb", "estimators.ipynb",
-                                           "log1pexp_on_jax.ipynb", "log1pexp_on_torch.ipynb"}
+                                           "log1pexp_on_jax.ipynb", "log1pexp_on_torch.ipynb",
+                                           "implicit_reparameterization.ipynb"}
 
 
 PLOTS = re.compile(r"\b(plt|axes\[\d\]|ax)\.(plot|semilogx|semilogy|loglog|hist|errorbar|scatter|bar)\(")
