@@ -9,6 +9,7 @@ library relies on, in ``make test`` and ``make test-oldest``.
 from __future__ import annotations
 
 import contextvars
+import re
 from typing import Any
 
 import tensorflow as tf
@@ -125,6 +126,19 @@ def captured_value(tensor: tf.Tensor) -> tf.Tensor | None:
             return external
     return None
 
+
+
+_PFOR_LOOP_BODY = re.compile(r"(^|/)loop_body(_\d+)?(/|$)")
+
+
+def in_pfor_loop_body() -> bool:
+    """Whether this code is traced as the loop body of ``pfor`` (``tf.vectorized_map``, or a tape's ``jacobian`` with
+    pfor), which converts each op to its batched form afterwards: a registered gradient does not survive that
+    conversion (pfor's IdentityN converter drops ``_gradient_op_type``), so a gradient taken through the map is
+    autodiff's, or 0. Nothing public tells: pfor traces the body under the name scope ``loop_body``
+    (``parallel_for.control_flow_ops._pfor_impl``), read here (a user's scope of that name is taken for it too)."""
+    scope = tf.compat.v1.get_default_graph().get_name_scope()
+    return not tf.executing_eagerly() and bool(_PFOR_LOOP_BODY.search(scope))
 
 
 AUTOGRAPH_STATUS: contextvars.ContextVar[Any] = contextvars.ContextVar("stopgrad_math_autograph", default=None)

@@ -203,9 +203,18 @@ _TERMS = {
 # ---------------------------------------------------------------- 4. attach: the pipeline
 
 
+PFOR_ORDER_2 = ("{name} is decorated at order=2, but it is traced as pfor's loop body (tf.vectorized_map, a "
+                "jacobian by pfor), whose conversion drops order 2's registered gradient: there it is embedded as at "
+                "order=1, its first derivatives exact, and a second derivative would miss the term through grad_fn's "
+                "own dependence on the arguments. Take second derivatives inside the mapped function.")
+
+
 def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int,
            require_proof: bool) -> Any:
-    """evaluate f → choose the route → build the zero terms → attach them to y."""
+    """evaluate f → choose the route → build the zero terms → attach them to y. Traced as pfor's loop body,
+    ``order=2`` is order 1's, with its guard: order 2 records grad_fn as a registered gradient, which pfor's
+    conversion drops (a gradient through ``tf.vectorized_map`` was 0), where order 1's terms are ordinary ops."""
+    order, guard_message = _order_here(f, order)
     plan = evaluation.evaluate(f, args, kwargs, order)
     if not plan.outputs.differentiable or not (plan.arguments.differentiable or plan.variables):
         return plan.outputs.structure  # nothing to differentiate: no grad_fn call, as tf.custom_gradient
@@ -228,8 +237,16 @@ def _embed(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         terms = _TERMS[route](plan, probe)
     _refusal_terms(plan, terms)
     if nested_calls.current() is None:
-        _guard_second_derivatives(plan, terms)
+        _guard_second_derivatives(plan, terms, guard_message)
     return plan.with_terms(terms)
+
+
+def _order_here(f: Callable[..., Any], order: int) -> tuple[int, str]:
+    """The order a call is embedded at, and what its guard says of a derivative beyond it: order 1's where order 2
+    is traced as pfor's loop body."""
+    if order == 2 and _tf_internal.in_pfor_loop_body():
+        return 1, PFOR_ORDER_2.format(name=getattr(f, "__name__", "f"))
+    return order, second_derivative_guard.MESSAGE
 
 
 def _chosen_route(plan: Plan, probe: Probe | None, kwargs: dict[str, Any], require_proof: bool) -> routes.Chosen:
@@ -385,13 +402,14 @@ def _refused(zero: tf.Tensor, message: str) -> tf.Tensor:
     return refused(zero)
 
 
-def _guard_second_derivatives(plan: Plan, terms: dict[int, list[tf.Tensor]]) -> None:
+def _guard_second_derivatives(plan: Plan, terms: dict[int, list[tf.Tensor]], message: str) -> None:
     """At order 1, where a second derivative could be taken, one more zero term on each output that makes it
-    raise (``second_derivative_guard``). Not for calls inside a grad_fn: their derivatives are J's own."""
+    raise ``message`` (``second_derivative_guard``). Not for calls inside a grad_fn: their derivatives are J's
+    own."""
     arguments = [plan.arguments.components[i].tensor for i in plan.arguments.differentiable]
     if not arguments or not second_derivative_guard.needed(arguments):
         return
-    guard = second_derivative_guard.zero_term(arguments)
+    guard = second_derivative_guard.zero_term(arguments, message)
     for i in plan.outputs.differentiable:
         terms.setdefault(i, []).append(identity.cast(guard, plan.outputs.components[i].tensor.dtype))
 

@@ -1073,6 +1073,10 @@ MUTANTS = {
         "stopgrad_math.jax.implicit_functions", "_solved", _solver_differentiated,
         ("tests/jax/test_implicit_functions.py::test_a_numpy_solver_runs_eagerly_on_concrete_values_and_is_never_"
          "differentiated",)),
+    "TensorFlow's order 2 records its registered gradient inside pfor's loop body": Mutant(
+        "stopgrad_math.tensorflow._tf_internal", "in_pfor_loop_body", lambda original: lambda: False,
+        ("tests/tensorflow/test_decorator_form.py::test_order_2_under_a_vectorized_map_of_unknown_batch_gives_the_"
+         "declared_gradient",)),
     "TensorFlow's implicit derivative loses its minus sign": Mutant(
         "stopgrad_math.tensorflow.implicit_functions", "_negated", _implicit_sign_dropped,
         ("tests/tensorflow/test_implicit_functions.py::test_ridge_derivatives_in_every_mode_are_the_closed_forms[eager]",)),

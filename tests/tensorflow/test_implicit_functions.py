@@ -183,3 +183,21 @@ def test_gamma_draws_match_tf_random_gammas_own_implicit_gradients(concentration
     np.testing.assert_allclose(_jacobian(ours, concentration), truth, rtol=1e-6)
     np.testing.assert_allclose(jvp(ours, concentration, tf.ones_like(concentration)),
                                tf.reduce_sum(tf.reshape(truth, [6, -1]), axis=1), rtol=1e-6)
+
+
+def test_through_a_vectorized_map_the_first_derivative_is_exact_and_a_second_raises_naming_pfor():
+    """pfor's conversion drops a registered gradient, which order 2 records: traced as its loop body, the root is
+    embedded as at order 1 (it gave 0 silently), and under a second tape the gradient through the map raises,
+    saying why (order 1's guard, which pfor's gradient reaches even for the first derivative there)."""
+    lams = tf.constant([0.5, 1.0, 2.0], _DOUBLE)
+
+    def first(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(lams)
+            total = tf.reduce_sum(tf.vectorized_map(fn, lams) ** 2)
+        return tape.gradient(total, lams)
+
+    np.testing.assert_allclose(first(_ridge()), first(_closed_form), rtol=1e-9)
+    with pytest.raises(Exception, match=r"pfor's loop body"), tf.GradientTape() as outer:  # (TF wraps it: StagingError)
+        outer.watch(lams)
+        outer.gradient(first(_ridge()), lams)
