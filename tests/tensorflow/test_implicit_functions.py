@@ -201,3 +201,18 @@ def test_through_a_vectorized_map_the_first_derivative_is_exact_and_a_second_rai
     with pytest.raises(Exception, match=r"pfor's loop body"), tf.GradientTape() as outer:  # (TF wraps it: StagingError)
         outer.watch(lams)
         outer.gradient(first(_ridge()), lams)
+
+
+def test_a_solve_to_a_tolerance_that_is_not_linear_op_by_op_is_refused_naming_its_ops():
+    """TensorFlow has no declared-linear solve: a while_loop whose stopping test reads the right-hand side is
+    refused in reverse mode, naming the ops, rather than giving a derivative of the loop as it ran."""
+    def to_a_tolerance(matvec, b):
+        return tf.while_loop(lambda x: tf.norm(matvec(x) - b) > 1e-10 * tf.norm(b),
+                             lambda x: x + (b - matvec(x)) / 60.0, [tf.zeros_like(b)], maximum_iterations=10000)[0]
+
+    lam = tf.constant(2.0, _DOUBLE)
+    for order in (1, 2):
+        ridge = sgm.custom_root(_optimality, to_a_tolerance, order=order)(lambda init, lam: _closed_form(lam))
+        with pytest.raises(ValueError, match="cannot be embedded"), tf.GradientTape() as tape:
+            tape.watch(lam)
+            tape.gradient(ridge(tf.zeros(5, _DOUBLE), lam), lam)
