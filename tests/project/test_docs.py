@@ -30,7 +30,7 @@ def test_the_readme_changelog_and_every_notebook_become_pages(tmp_path):
     files = _hooks().on_files(Files([]), config)
     pages = {f.src_uri: f.url for f in files}
     notebooks = sorted(f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb"))
-    assert len(notebooks) == 5 and set(pages) == {"README.md", "CHANGELOG.md", *notebooks}
+    assert len(notebooks) == 6 and set(pages) == {"README.md", "CHANGELOG.md", *notebooks}
     assert pages["README.md"] == "./"  # the front page
 
 
