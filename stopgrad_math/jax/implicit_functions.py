@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from stopgrad_math.jax import decorator_form, identity, solves
 from stopgrad_math.jax.solves import Solve
+from stopgrad_math.shared.arguments import name_of
 
 
 def _stopped(tree: Any) -> Any:
@@ -84,7 +85,7 @@ def _implicit(name: str, fun: Callable[..., Any], fixed_point: bool, solve: Solv
 
 def _solved(solver: Callable[..., Any], fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | None,
             order: int, kind: str) -> Callable[..., Any]:
-    implicit = _implicit(f"{kind}({_name(solver)})", fun, fixed_point, solve, order)
+    implicit = _implicit(f"{kind}({name_of(solver)})", fun, fixed_point, solve, order)
 
     @functools.wraps(solver)
     def solved(init: Any, *params: Any) -> Any:
@@ -167,10 +168,6 @@ def implicit_reparameterization(sample: Any, cdf: Callable[..., Any], *params: A
         >>> float(jax.grad(lambda rate: implicit_reparameterization(z, cdf, rate).sum())(2.0))   # −(0.5 + 2) / 2
         -1.25
     """
-    implicit = _implicit(f"implicit_reparameterization({_name(cdf)})", cdf, False, solves.ELEMENTWISE, order)
+    implicit = _implicit(f"implicit_reparameterization({name_of(cdf)})", cdf, False, solves.ELEMENTWISE, order)
     draws: jax.Array = implicit(_stopped(jnp.asarray(sample)), *params)
     return draws
-
-
-def _name(f: Callable[..., Any]) -> str:
-    return getattr(f, "__name__", type(f).__name__)

@@ -115,6 +115,20 @@ def name_of(f: Callable[..., Any]) -> str:
     return repr(f) if name is None else name         # on a function made in the compiled code)
 
 
+def with_values_at(function: Callable[..., Any], values: tuple[Any, ...],
+                   positions: tuple[int, ...]) -> Callable[..., Any]:
+    """``function(*values)`` as a function of the values at ``positions`` alone (the others as given): what a
+    framework's vjp or jvp differentiates where only some arguments are tensors."""
+
+    def of_positions(*replacing: Any) -> Any:
+        replaced = list(values)
+        for k, value in zip(positions, replacing, strict=True):
+            replaced[k] = value
+        return function(*replaced)
+
+    return of_positions
+
+
 def call_f(f: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> tuple[Any, Callable[[Any], Any]]:
     """f's ``(y, vjp)``; TypeError where f returns anything else."""
     result = f(*args, **kwargs)

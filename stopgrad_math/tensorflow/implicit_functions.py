@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stopgrad_math.shared.arguments import BEYOND_ORDER
+from stopgrad_math.shared.arguments import BEYOND_ORDER, name_of, with_values_at
 from stopgrad_math.tensorflow import decorator_form, second_derivative_guard, solves
 from stopgrad_math.tensorflow.solves import Solve
 
@@ -44,18 +44,6 @@ def _residual(fun: Callable[..., Any], fixed_point: bool, params: tuple[Any, ...
     return lambda z: fun(z, *params)
 
 
-def _of_tensors(function: Callable[..., Any], params: tuple[Any, ...], tensors: tuple[int, ...]) -> Callable[..., Any]:
-    """``function(*params)`` as a function of the differentiable params alone (the others as given)."""
-
-    def of_tensors(*values: tf.Tensor) -> Any:
-        replaced = list(params)
-        for k, value in zip(tensors, values, strict=True):
-            replaced[k] = value
-        return function(*replaced)
-
-    return of_tensors
-
-
 def _moving(fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | None, z: tf.Tensor,
             params: tuple[Any, ...], name: str) -> tf.Tensor:
     """z with its first-order derivative in the params: ``z − (p − stop(p))``, p = (∂_z F)⁻¹ ∂_θ F·(θ − stop(θ)),
@@ -65,7 +53,7 @@ def _moving(fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | Non
     tensors = tuple(k for k, p in enumerate(params) if _is_differentiable(p))
     stopped = tuple(_stopped(p) for p in params)
     zeros = [params[k] - stopped[k] for k in tensors]
-    moved = solves.forward_product(_of_tensors(lambda *ps: _residual(fun, fixed_point, ps)(z), stopped, tensors),
+    moved = solves.forward_product(with_values_at(lambda *ps: _residual(fun, fixed_point, ps)(z), stopped, tensors),
                                    [stopped[k] for k in tensors], zeros)
     p = solves.forward(_residual(fun, fixed_point, stopped), z, moved, solve)
     return _guarded(z - (p - tf.stop_gradient(p)), [params[k] for k in tensors], name)
@@ -116,7 +104,7 @@ def _implicit(name: str, fun: Callable[..., Any], fixed_point: bool, solve: Solv
 
 def _solved(solver: Callable[..., Any], fun: Callable[..., Any], fixed_point: bool, solve: Solve | None,
             order: int, kind: str) -> Callable[..., Any]:
-    implicit = _implicit(f"{kind}({_name(solver)})", fun, fixed_point, solve, order)
+    implicit = _implicit(f"{kind}({name_of(solver)})", fun, fixed_point, solve, order)
 
     @functools.wraps(solver)
     def solved(init: Any, *params: Any) -> Any:
@@ -214,10 +202,6 @@ def implicit_reparameterization(sample: Any, cdf: Callable[..., Any], *params: A
         >>> float(tape.gradient(draws, rate))   # −(0.5 + 2) / 2
         -1.25
     """
-    implicit = _implicit(f"implicit_reparameterization({_name(cdf)})", cdf, False, solves.ELEMENTWISE, order)
+    implicit = _implicit(f"implicit_reparameterization({name_of(cdf)})", cdf, False, solves.ELEMENTWISE, order)
     draws: tf.Tensor = implicit(tf.stop_gradient(tf.convert_to_tensor(sample)), *params)
     return draws
-
-
-def _name(f: Callable[..., Any]) -> str:
-    return getattr(f, "__name__", type(f).__name__)

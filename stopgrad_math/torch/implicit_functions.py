@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from stopgrad_math.shared.arguments import name_of, with_values_at
 from stopgrad_math.torch import decorator_form, identity, solves
 from stopgrad_math.torch.solves import Solve
 
@@ -43,18 +44,6 @@ def _residual(fun: Callable[..., Any], fixed_point: bool, params: tuple[Any, ...
     return lambda z: fun(z, *params)
 
 
-def _of_tensors(function: Callable[..., Any], params: tuple[Any, ...], tensors: tuple[int, ...]) -> Callable[..., Any]:
-    """``function(*params)`` as a function of the differentiable params alone (the others as given)."""
-
-    def of_tensors(*values: torch.Tensor) -> Any:
-        replaced = list(params)
-        for k, value in zip(tensors, values, strict=True):
-            replaced[k] = value
-        return function(*replaced)
-
-    return of_tensors
-
-
 def _moving(fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | None, z: torch.Tensor,
             params: tuple[Any, ...]) -> torch.Tensor:
     """z with its first-order derivative in the params: ``z − (p − stop(p))``, p = (∂_z F)⁻¹ ∂_θ F·(θ − stop(θ)),
@@ -62,7 +51,7 @@ def _moving(fun: Callable[..., Any], fixed_point: bool, solve: Solve | str | Non
     tensors = tuple(k for k, p in enumerate(params) if _is_differentiable(p))
     stopped = tuple(_stopped(p) for p in params)
     zeros = tuple(params[k] - stopped[k] for k in tensors)
-    moved = solves.forward_product(_of_tensors(lambda *ps: _residual(fun, fixed_point, ps)(z), stopped, tensors),
+    moved = solves.forward_product(with_values_at(lambda *ps: _residual(fun, fixed_point, ps)(z), stopped, tensors),
                                    tuple(stopped[k] for k in tensors), zeros)
     p = solves.forward(_residual(fun, fixed_point, stopped), z, moved, solve)
     return identity.attach(z, [identity.zero_with_derivative_of(p, [], linked=False)])
@@ -77,7 +66,7 @@ def _root(solution: torch.Tensor, *params: Any, fun: Callable[..., Any], fixed_p
     def vjp(cotangent: torch.Tensor) -> tuple[Any, ...]:
         z = _moving(fun, fixed_point, solve, solution, params) if order == 2 else solution
         u = solves.transposed(_residual(fun, fixed_point, params), z, cotangent, solve)
-        of_params = _of_tensors(lambda *ps: _residual(fun, fixed_point, ps)(z), params, tensors)
+        of_params = with_values_at(lambda *ps: _residual(fun, fixed_point, ps)(z), params, tensors)
         gradients = torch.func.vjp(of_params, *(params[k] for k in tensors))[1](u)
         cotangents: list[Any] = [None] * len(params)
         for k, gradient in zip(tensors, gradients, strict=True):
@@ -101,7 +90,7 @@ def _implicit(name: str, fun: Callable[..., Any], fixed_point: bool, solve: Solv
 
 def _solved(solver: Callable[..., Any], fun: Callable[..., Any], fixed_point: bool, solve: Solve | None,
             order: int, kind: str) -> Callable[..., Any]:
-    implicit = _implicit(f"{kind}({_name(solver)})", fun, fixed_point, solve, order)
+    implicit = _implicit(f"{kind}({name_of(solver)})", fun, fixed_point, solve, order)
 
     @functools.wraps(solver)
     def solved(init: Any, *params: Any) -> Any:
@@ -191,10 +180,6 @@ def implicit_reparameterization(sample: torch.Tensor, cdf: Callable[..., Any], *
         >>> rate.grad   # −(0.5 + 2) / 2
         tensor(-1.2500)
     """
-    implicit = _implicit(f"implicit_reparameterization({_name(cdf)})", cdf, False, solves.ELEMENTWISE, order)
+    implicit = _implicit(f"implicit_reparameterization({name_of(cdf)})", cdf, False, solves.ELEMENTWISE, order)
     draws: torch.Tensor = implicit(_stopped(torch.as_tensor(sample)), *params)
     return draws
-
-
-def _name(f: Callable[..., Any]) -> str:
-    return getattr(f, "__name__", type(f).__name__)
