@@ -124,21 +124,9 @@ def cell(case: str, size: str, phase: str, blocks: int, min_time: float) -> dict
 
 
 def markdown(cells: list[dict[str, Any]]) -> str:
-    others = ["jaxopt", "optimistix", "autodiff, unrolled"]
-    lines = [f"# JAX, implicit functions: {OURS} against jaxopt, optimistix and the unrolled solver", "",
-             f"Device: {jax_run.device_name()}; JAX {jax.__version__}. Each cell: our median time per call, and its "
-             "ratio to each other implementation's (the median over interleaved blocks; below 1 is faster). "
-             "n/a: the implementation has no such mode, or is not installed.", ""]
-    for phase in dict.fromkeys(c["phase"] for c in cells):
-        lines += [f"## {phase}", "", "| case | size | ours | " + " | ".join(f"÷ {o}" for o in others) + " |",
-                  "|---|---|---|" + "---|" * len(others)]
-        for made in (c for c in cells if c["phase"] == phase):
-            seconds = made["seconds"]
-            time = f"{seconds * 1e6:.0f} µs" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms"
-            ratios = [f"{made['ratios'][o]:.2f}×" if o in made["ratios"] else "n/a" for o in others]
-            lines.append(f"| {made['case']} | {made['size']} | {time} | " + " | ".join(ratios) + " |")
-        lines.append("")
-    return "\n".join(lines)
+    title = f"JAX, implicit functions: {OURS} against jaxopt, optimistix and the unrolled solver"
+    versions = f"Device: {jax_run.device_name()}; JAX {jax.__version__}"
+    return real_code_report.ratio_tables(title, versions, cells, ["jaxopt", "optimistix", "autodiff, unrolled"])
 
 
 def main(argv: list[str] | None = None) -> int:

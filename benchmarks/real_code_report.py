@@ -66,6 +66,25 @@ def markdown(title: str, versions: str, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def ratio_tables(title: str, versions: str, cells: list[dict[str, Any]], others: Sequence[str]) -> str:
+    """A report of cells that each time one implementation against several (``jax_implicit.py``,
+    ``torch_implicit.py``): a table per phase, a case and size per row, our time and its ratio to each of
+    ``others`` (n/a where a cell has none)."""
+    lines = [f"# {title}", "", f"{versions}. Each cell: our median time per call, and its ratio to each other "
+             "implementation's (the median over interleaved blocks; below 1 is faster). n/a: the implementation has "
+             "no such mode, or is not installed.", ""]
+    for phase in dict.fromkeys(c["phase"] for c in cells):
+        lines += [f"## {phase}", "", "| case | size | ours | " + " | ".join(f"÷ {o}" for o in others) + " |",
+                  "|---|---|---|" + "---|" * len(others)]
+        for made in (c for c in cells if c["phase"] == phase):
+            seconds = made["seconds"]
+            time = f"{seconds * 1e6:.0f} µs" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms"
+            ratios = [f"{made['ratios'][o]:.2f}×" if o in made["ratios"] else "n/a" for o in others]
+            lines.append(f"| {made['case']} | {made['size']} | {time} | " + " | ".join(ratios) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _cell(made: dict[str, Any]) -> str:
     seconds = made["seconds"]
     time = f"{seconds * 1e6:.1f} µs" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms"
