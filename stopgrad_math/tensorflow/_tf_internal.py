@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.eager import forwardprop_util as _forwardprop_util
 from tensorflow.python.eager import record as _record
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import gradients_util as _gradients_util
@@ -44,6 +45,12 @@ record_operation = _record.record_operation
 """Records an op on every active tape and accumulator with a backward and a forward function of the library's
 own: tf.custom_gradient does this with a backward alone (an accumulator then differentiates f's ops), and no
 public API takes a forward function. The ``order=2`` term (``recorded_term``) needs both."""
+
+recording_inside_forward_function = _forwardprop_util.push_forwardprop_state
+"""Lets tapes and accumulators made inside a recorded op's forward function record: TensorFlow runs a forward
+function with the accumulators' state set so that they ignore what their own JVP computes, and a tape or
+accumulator made there then records nothing (its gradient is None). A declared-linear solve's forward function
+solves with an operator that a tape or accumulator applies (``solves``); no public API restores them."""
 
 saving = _save_context.in_save_context
 """Whether ``tf.saved_model.save`` is exporting, which traces the gradient function of every op with a registered

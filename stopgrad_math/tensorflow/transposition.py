@@ -25,6 +25,7 @@ be traced, ``dot_product_mismatch`` is the numerical fallback.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import enum
 from collections.abc import Callable, Sequence
@@ -64,14 +65,17 @@ class Box:
     """Ops made by a decorated function called on the upstream inside grad_fn: one call. An embedded call is
     judged as a whole (its own grad_fn, not its ops, is its gradient); a ``deferred`` one is the custom gradient
     op alone (``deferred_calls``), through which the upstream passes where it reaches it: f's ops before it are
-    read as any others."""
+    read as any others. A declared-linear solve's box is linear in its right-hand side (``linear_in``) alone."""
 
     ops: frozenset[tf.Operation]
     deferred: bool = False
+    linear_in: object = None  # a declared-linear solve's (``solves.linear_solve``): the ref of its right-hand side
 
 
 _BOX = Verdict(Kind.OPAQUE, "a decorated function called on the upstream with a variable, ragged or sparse "
                             "argument: its own grad_fn, not its ops, is its gradient")
+_OPERATOR_CARRIES = Verdict(Kind.NONLINEAR, "a linear_solve whose matvec reads the upstream: linear in b alone")
+_READING_OPS: contextvars.ContextVar[bool] = contextvars.ContextVar("stopgrad_math_reading_ops", default=False)
 _CALLS = frozenset({"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase", "PartitionedCall",
                     "StatefulPartitionedCall"})
 
@@ -174,6 +178,12 @@ class _Walk:
                                  if t.ref() in self.carrying)
             return
         inputs = [t for op in box.ops for t in op.inputs if t.op not in box.ops]
+        if box.linear_in is not None:
+            if any(t.ref() in self.carrying and t.ref() != box.linear_in for t in inputs):
+                self._found(next(iter(box.ops)), _OPERATOR_CARRIES)
+            elif box.linear_in in self.carrying:
+                self.carrying.update(t.ref() for op in box.ops for t in op.outputs)
+            return
         if any(t.ref() in self.carrying for t in inputs):
             self._found(next(iter(box.ops)), _BOX)
             self.carrying.update(t.ref() for op in box.ops for t in op.outputs)
@@ -312,7 +322,11 @@ def trace(call: Callable[[list[tf.Tensor]], tuple[list[tf.Tensor], Sequence[Box]
     def traced(*upstreams: tf.Tensor) -> list[tf.Tensor]:
         graph = tf.compat.v1.get_default_graph()
         first = len(graph.get_operations())
-        results, boxes = call(list(upstreams))
+        token = _READING_OPS.set(True)
+        try:
+            results, boxes = call(list(upstreams))
+        finally:
+            _READING_OPS.reset(token)
         found.append(findings(graph.get_operations()[first:], upstreams, results, boxes))
         return results
 
@@ -323,6 +337,12 @@ def trace(call: Callable[[list[tf.Tensor]], tuple[list[tf.Tensor], Sequence[Box]
             raise
         return None
     return found[0]
+
+
+def reading_ops() -> bool:
+    """Whether an eager grad_fn is being traced only to read its ops (``trace``): a declared-linear solve is not
+    run there (a solver that stops in Python cannot be traced); its box stands for it."""
+    return _READING_OPS.get()
 
 
 def _is_library_error(error: Exception) -> bool:

@@ -1087,6 +1087,14 @@ MUTANTS = {
     "TensorFlow's implicit functions give a third derivative without the guard": Mutant(
         "stopgrad_math.tensorflow.implicit_functions", "_guarded", lambda original: lambda moving, *rest: moving,
         ("tests/tensorflow/test_implicit_functions.py::test_order_1_refuses_a_second_derivative_and_order_2_a_third",)),
+    "TensorFlow's declared solve applies its operator where no tape it makes records": Mutant(
+        "stopgrad_math.tensorflow.solves", "_recording", lambda original: lambda matvec: matvec,
+        ("tests/tensorflow/test_implicit_functions.py::test_a_root_whose_solve_stops_on_a_tolerance_is_exact_in_every_"
+         "mode[eager-to a tolerance]",)),
+    "TensorFlow's declared solve takes its operator for its own transpose": Mutant(
+        "stopgrad_math.tensorflow.solves", "_transposed", lambda original: lambda matvec, like: matvec,
+        ("tests/tensorflow/test_implicit_functions.py::test_a_python_loop_solve_inside_a_grad_fn_is_embedded_through_"
+         "linear_solve",)),
     "PyTorch's implicit derivative loses its minus sign": Mutant(
         "stopgrad_math.torch.implicit_functions", "_negated", _implicit_sign_dropped,
         ("tests/torch/test_implicit_functions.py::test_ridge_derivatives_in_every_mode_are_the_closed_forms[dense]",)),

@@ -8,6 +8,7 @@ import tensorflow as tf
 from helpers import gradient_and_second, in_mode, jvp, vjp
 
 import stopgrad_math as sgm
+from stopgrad_math.tensorflow.solves import linear_solve  # the implicit functions' declared solve
 
 _DOUBLE = tf.float64
 _X = np.random.default_rng(0).normal(size=(20, 5))  # (NumPy: each graph makes its own constant of them)
@@ -30,11 +31,11 @@ def _ridge(order=2):
     return lambda lam: ridge(tf.zeros(5, _DOUBLE), lam)
 
 
-def _jacobian(fn, x):
-    with tf.GradientTape() as tape:
+def _jacobian(fn, x, pfor=True):
+    with tf.GradientTape(persistent=not pfor) as tape:  # (rows by a loop: pfor cannot vectorize a Python loop)
         tape.watch(x)
         y = fn(x)
-    return tape.jacobian(y, x)
+    return tape.jacobian(y, x, experimental_use_pfor=pfor)
 
 
 def test_ridge_derivatives_in_every_mode_are_the_closed_forms(mode):
@@ -203,16 +204,129 @@ def test_through_a_vectorized_map_the_first_derivative_is_exact_and_a_second_rai
         outer.gradient(first(_ridge()), lams)
 
 
-def test_a_solve_to_a_tolerance_that_is_not_linear_op_by_op_is_refused_naming_its_ops():
-    """TensorFlow has no declared-linear solve: a while_loop whose stopping test reads the right-hand side is
-    refused in reverse mode, naming the ops, rather than giving a derivative of the loop as it ran."""
-    def to_a_tolerance(matvec, b):
-        return tf.while_loop(lambda x: tf.norm(matvec(x) - b) > 1e-10 * tf.norm(b),
-                             lambda x: x + (b - matvec(x)) / 60.0, [tf.zeros_like(b)], maximum_iterations=10000)[0]
+def _cg(matvec, b):
+    """Conjugate gradients in a while_loop, stopping on a tolerance that reads b: not linear op by op."""
+    def step(x, r, p, rr):
+        ap = matvec(p)
+        alpha = rr / tf.tensordot(p, ap, 1)
+        r_next = r - alpha * ap
+        rr_next = tf.tensordot(r_next, r_next, 1)
+        return x + alpha * p, r_next, r_next + rr_next / rr * p, rr_next
 
-    lam = tf.constant(2.0, _DOUBLE)
-    for order in (1, 2):
-        ridge = sgm.custom_root(_optimality, to_a_tolerance, order=order)(lambda init, lam: _closed_form(lam))
-        with pytest.raises(ValueError, match="cannot be embedded"), tf.GradientTape() as tape:
-            tape.watch(lam)
-            tape.gradient(ridge(tf.zeros(5, _DOUBLE), lam), lam)
+    bb = tf.tensordot(b, b, 1)
+    return tf.while_loop(lambda x, r, p, rr: rr > 1e-28 * bb, step, (tf.zeros_like(b), b, b, bb),
+                         maximum_iterations=50)[0]
+
+
+def _richardson(matvec, b):
+    """Richardson's iteration in a while_loop to a tolerance that reads b (for _A, whose eigenvalues lie in
+    [2.5, 6])."""
+    return tf.while_loop(lambda x: tf.norm(matvec(x) - b) > 1e-13 * tf.norm(b),
+                         lambda x: (x + (b - matvec(x)) / 6.0,), (tf.zeros_like(b),), maximum_iterations=500)[0]
+
+
+def _cg_five_steps(matvec, b):
+    """Five CG steps, no tolerance: exact for the 5×5 normal equations, 0/0 = NaN for b = 0."""
+    x, r = tf.zeros_like(b), b
+    p, rr = r, tf.tensordot(r, r, 1)
+    for _ in range(5):
+        ap = matvec(p)
+        alpha = rr / tf.tensordot(p, ap, 1)
+        x, r = x + alpha * p, r - alpha * ap
+        rr, rr_before = tf.tensordot(r, r, 1), rr
+        p = r + rr / rr_before * p
+    return x
+
+
+@pytest.mark.parametrize("solve", [_cg, _cg_five_steps], ids=["to a tolerance", "five steps"])
+def test_a_root_whose_solve_stops_on_a_tolerance_is_exact_in_every_mode(mode, solve):
+    """The caller's solve is declared linear (linear_solve), as jaxopt's contract says it is: reverse and forward
+    mode and the Hessian of a loss through the root against the closed form. Order 2's motion of z solves for a
+    right-hand side that is zero in value: it is not handed to the solver (five CG steps would give 0/0 there)."""
+    ridge = sgm.custom_root(_optimality, solve)(lambda init, lam: _closed_form(lam))
+    lam, target = tf.constant(2.0, _DOUBLE), tf.linspace(tf.constant(-0.5, _DOUBLE), 0.5, 5)
+    at = lambda lam: ridge(tf.zeros(5, _DOUBLE), lam)  # noqa: E731
+    truth = _jacobian(_closed_form, lam)
+    np.testing.assert_allclose(in_mode(lambda lam: _jacobian(at, lam, pfor=False), mode)(lam), truth, rtol=1e-9)
+    np.testing.assert_allclose(in_mode(lambda lam: jvp(at, lam, tf.constant(0.5, _DOUBLE)), mode)(lam),
+                               0.5 * truth, rtol=1e-9)
+    loss = lambda f: lambda lam: tf.reduce_sum((f(lam) - target) ** 2)  # noqa: E731
+    for got, want in zip(in_mode(lambda lam: gradient_and_second(loss(at), lam), mode)(lam),
+                         gradient_and_second(loss(_closed_form), lam), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-8)
+
+
+# ---------------------------------------------------------------- the declared-linear solve (not public)
+_A = np.array([[4.0, 1.0, 0.5], [1.0, 5.0, 1.0], [0.0, 1.0, 3.0]])
+
+
+def _jacobi(matvec, b):
+    """Jacobi's iteration to a tolerance read in Python, eagerly: no graph can hold it."""
+    diagonal = tf.stack([tf.tensordot(e, matvec(e), 1) for e in tf.unstack(tf.eye(3, dtype=b.dtype))])
+    x = tf.zeros_like(b)
+    while float(tf.norm(matvec(x) - b)) > 1e-14 * float(tf.norm(b)):
+        x += (b - matvec(x)) / diagonal
+    return x
+
+
+def _matvec(a):
+    return lambda v: tf.linalg.matvec(a, v)
+
+
+def test_linear_solve_with_a_python_loop_eagerly_in_both_modes_and_in_the_operator():
+    """x = A⁻¹b: dx/db = A⁻¹ by a tape and an accumulator, the first derivative of |x|² in A against
+    tf.linalg.solve differentiated, and its second derivative in A refused (x is held in dA·x)."""
+    a, b = tf.constant(_A), tf.constant([1.0, -2.0, 0.5], _DOUBLE)
+    solved = lambda a, b: linear_solve(_matvec(a), b, _jacobi, transpose_solve=_jacobi)  # noqa: E731
+    plain = lambda a, b: tf.linalg.solve(a, b[:, None])[:, 0]  # noqa: E731
+    np.testing.assert_allclose(solved(a, b), plain(a, b), rtol=1e-13)
+    np.testing.assert_allclose(_jacobian(lambda b: solved(a, b), b, pfor=False), np.linalg.inv(_A), rtol=1e-12)
+    np.testing.assert_allclose(jvp(lambda b: solved(a, b), b, tf.constant([0.0, 1.0, 0.0], _DOUBLE)),
+                               np.linalg.inv(_A)[:, 1], rtol=1e-12)
+    squared = lambda f: lambda a: tf.reduce_sum(f(a, b) ** 2)  # noqa: E731
+    np.testing.assert_allclose(vjp(squared(solved), a), vjp(squared(plain), a), rtol=1e-12)
+    np.testing.assert_allclose(jvp(squared(solved), a, tf.ones_like(a)), jvp(squared(plain), a, tf.ones_like(a)),
+                               rtol=1e-12)
+    with pytest.raises(Exception, match="second derivative in the matrix"):  # x is held in dA·x: refused
+        gradient_and_second(squared(solved), a)
+    with pytest.raises(ValueError, match="transpose_solve"), tf.GradientTape() as tape:
+        tape.watch(b)
+        tape.gradient(linear_solve(_matvec(a), b, _jacobi), b)
+
+
+def _solved_by(solve_in_grad_fn):
+    @sgm.custom_gradient
+    def f(x):  # y = A⁻¹x, its VJP A⁻ᵀ·upstream by an iterative solve
+        return tf.linalg.solve(tf.constant(_A), x[:, None])[:, 0], solve_in_grad_fn
+    return f
+
+
+def test_a_python_loop_solve_inside_a_grad_fn_is_embedded_through_linear_solve():
+    """Eagerly the grad_fn is traced to read its ops, where a Python loop cannot run: the declared solve stands
+    for it. Without linear_solve the same grad_fn cannot be proven linear from its ops."""
+    x, truth = tf.constant([1.0, -2.0, 0.5], _DOUBLE), np.linalg.inv(_A)
+    transposed = _matvec(tf.constant(_A.T))
+    declared = _solved_by(lambda ct: linear_solve(transposed, ct, _jacobi, transpose_solve=_jacobi))
+    np.testing.assert_allclose(_jacobian(declared, x, pfor=False), truth, rtol=1e-12)
+    np.testing.assert_allclose(jvp(declared, x, tf.constant([1.0, 0.0, 0.0], _DOUBLE)), truth[:, 0], rtol=1e-12)
+
+
+def test_a_while_loop_solve_inside_a_grad_fn_is_embedded_through_linear_solve(mode):
+    x, truth = tf.constant([1.0, -2.0, 0.5], _DOUBLE), np.linalg.inv(_A)
+    transposed = _matvec(tf.constant(_A.T))
+    declared = _solved_by(lambda ct: linear_solve(transposed, ct, _richardson,
+                                                      transpose_solve=_richardson))
+    np.testing.assert_allclose(in_mode(lambda x: _jacobian(declared, x, pfor=False), mode)(x), truth, rtol=1e-10)
+    tangent = tf.constant([0.0, 0.0, 1.0], _DOUBLE)
+    np.testing.assert_allclose(in_mode(lambda x: jvp(declared, x, tangent), mode)(x), truth[:, 2], rtol=1e-10)
+    with pytest.raises(ValueError, match="cannot be embedded"):
+        in_mode(lambda x: jvp(_solved_by(lambda ct: _richardson(transposed, ct)), x, tangent), mode)(x)
+
+
+def test_linear_solve_in_a_tf1_graph_with_tf_gradients():
+    with tf.Graph().as_default():
+        b = tf.constant([1.0, -2.0, 0.5], _DOUBLE)
+        x = linear_solve(_matvec(tf.constant(_A)), b, _richardson, transpose_solve=_richardson)
+        rows = [tf.gradients(x[k], b)[0] for k in range(3)]
+        with tf.compat.v1.Session() as session:
+            np.testing.assert_allclose(session.run(tf.stack(rows)), np.linalg.inv(_A), rtol=1e-10)

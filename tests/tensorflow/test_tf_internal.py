@@ -47,6 +47,9 @@ def test_a_recorded_op_takes_its_backward_and_its_forward_function_and_the_calle
         with tf.GradientTape() as inner:
             inner.watch(x)
             made_inside.append(inner.gradient(x * 2.0, x))
+        with _tf_internal.recording_inside_forward_function(), tf.GradientTape() as restored:
+            restored.watch(x)
+            made_inside.append(restored.gradient(x * 2.0, x).numpy().tolist())
         return [tangent * x]
 
     with tf.GradientTape() as outer:
@@ -58,7 +61,7 @@ def test_a_recorded_op_takes_its_backward_and_its_forward_function_and_the_calle
                 _tf_internal.record_operation("test", [z], [x], lambda upstream: [upstream * 3.0], forward)
             assert tape.gradient(z, x).numpy().tolist() == [3.0, 3.0]
         tangent = accumulator.jvp(z)
-    assert tangent.numpy().tolist() == [1.0, 2.0] and made_inside == [None]
+    assert tangent.numpy().tolist() == [1.0, 2.0] and made_inside == [None, [2.0, 2.0]]
     assert outer.gradient(tangent, x).numpy().tolist() == [1.0, 1.0]
 
 
