@@ -59,10 +59,16 @@ def linear_solve(matvec: Callable[[tf.Tensor], tf.Tensor], b: tf.Tensor, solve: 
     evaluating = nested_calls.current()
     if evaluating is None or tf.executing_eagerly():
         return _declared(matvec, None, b, solve, transpose_solve, zero)
+    b = tf.identity(b)  # outside the box: an operator that reads the upstream itself is then told from b
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
-    x = tf.identity(b) if transposition.reading_ops() else _declared(matvec, None, b, solve, transpose_solve, zero)
-    evaluating.boxes.append(transposition.Box(frozenset(graph.get_operations()[first:]), linear_in=b.ref()))
+    if transposition.reading_ops():
+        matvec(b)  # (its ops alone: the box's inputs must show what the operator reads)
+        x = tf.identity(b)
+    else:
+        x = _declared(matvec, None, b, solve, transpose_solve, zero)
+    box = transposition.Box(frozenset(graph.get_operations()[first:]), linear_in=b.ref(), result=x.op)
+    evaluating.boxes.append(box)
     return x
 
 

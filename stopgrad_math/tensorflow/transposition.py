@@ -70,6 +70,7 @@ class Box:
     ops: frozenset[tf.Operation]
     deferred: bool = False
     linear_in: object = None  # a declared-linear solve's (``solves.linear_solve``): the ref of its right-hand side
+    result: tf.Operation | None = None  # and the op of its result, which a refusal names
 
 
 _BOX = Verdict(Kind.OPAQUE, "a decorated function called on the upstream with a variable, ragged or sparse "
@@ -179,9 +180,9 @@ class _Walk:
             return
         inputs = [t for op in box.ops for t in op.inputs if t.op not in box.ops]
         if box.linear_in is not None:
-            if any(t.ref() in self.carrying and t.ref() != box.linear_in for t in inputs):
-                self._found(next(iter(box.ops)), _OPERATOR_CARRIES)
-            elif box.linear_in in self.carrying:
+            if box.result is not None and any(t.ref() in self.carrying and t.ref() != box.linear_in for t in inputs):
+                self._found(box.result, _OPERATOR_CARRIES)
+            if any(t.ref() in self.carrying for t in inputs):
                 self.carrying.update(t.ref() for op in box.ops for t in op.outputs)
             return
         if any(t.ref() in self.carrying for t in inputs):

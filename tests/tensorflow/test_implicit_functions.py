@@ -330,3 +330,16 @@ def test_linear_solve_in_a_tf1_graph_with_tf_gradients():
         rows = [tf.gradients(x[k], b)[0] for k in range(3)]
         with tf.compat.v1.Session() as session:
             np.testing.assert_allclose(session.run(tf.stack(rows)), np.linalg.inv(_A), rtol=1e-10)
+
+
+def test_a_declared_solve_whose_operator_reads_the_upstream_is_refused_naming_it():
+    """Declared linear in b alone: an operator made from the upstream makes grad_fn nonlinear in it."""
+    @sgm.custom_gradient
+    def f(x):
+        return 2.0 * x, lambda ct: linear_solve(lambda v: (1.0 + ct * ct) * v, ct, _richardson, symmetric=True)
+
+    x = tf.constant([1.0, -2.0, 0.5], _DOUBLE)
+    with pytest.raises(ValueError, match="matvec reads the upstream"):
+        tf.function(lambda x: jvp(f, x, tf.ones_like(x)))(x)
+    with pytest.raises(ValueError, match="matvec reads the upstream"):  # eagerly, read where the solve stands in
+        jvp(f, x, tf.ones_like(x))
