@@ -30,6 +30,11 @@ from stopgrad_math.tensorflow import (
 _SECOND_IN_THE_OPERATOR = (
     "linear_solve gives the first derivative in the tensors its matvec reads, not the second (x is held in dA·x); "
     "every derivative in b is exact. Solve with tf.linalg.solve where a second derivative in the matrix is needed.")
+_IN_PFOR = (
+    "An implicit function whose solve is the caller's solve(matvec, b) is traced as pfor's loop body "
+    "(tf.vectorized_map, a jacobian by pfor), whose conversion drops the declared solve's registered gradient, so "
+    "a derivative through the map would be wrong: map with tf.map_fn, take the jacobian with "
+    "experimental_use_pfor=False, or use solve=None.")
 Solve = Callable[[Callable[[tf.Tensor], tf.Tensor], tf.Tensor], tf.Tensor]
 ELEMENTWISE = "elementwise"  # the solve of an elementwise residual
 
@@ -76,15 +81,14 @@ def _declared(matvec: Callable[[tf.Tensor], tf.Tensor], vecmat: Callable[[tf.Ten
               b: tf.Tensor, solve: Solve, transpose_solve: Solve | None, zero: bool = False) -> tf.Tensor:
     """The solve recorded as one op of ``b`` (moved by ``−dA·x`` where matvec's tensors are watched); ``vecmat``
     is matvec's transpose where it is known (a transposed solve's own transpose is the operator it came from)."""
+    if _tf_internal.in_pfor_loop_body():
+        raise ValueError(_IN_PFOR)
     b = tf.convert_to_tensor(b)
     matvec = _recording(matvec)
     x = tf.zeros_like(b) if zero else tf.stop_gradient(solve(matvec, tf.stop_gradient(b)))
     if identity.nothing_records():
         return x
-    moved = matvec(x)
-    r = b - (moved - tf.stop_gradient(moved))  # b in value; its derivative db − dA·x, with x held
-    if second_derivative_guard.needed([moved]):  # held, x's own motion is missing from a second derivative in A
-        r -= tf.cast(second_derivative_guard.zero_term([moved], _SECOND_IN_THE_OPERATOR), r.dtype)
+    r = _moved_by_the_operator(matvec, x, b)
 
     def backward(upstream: tf.Tensor | None) -> list[tf.Tensor | None]:
         if upstream is None:
@@ -101,6 +105,15 @@ def _declared(matvec: Callable[[tf.Tensor], tf.Tensor], vecmat: Callable[[tf.Ten
         return [_declared(matvec, vecmat, tangent, solve, transpose_solve)]
 
     return recorded_term.recorded("stopgrad_math_linear_solve", [tf.identity(x)], [r], backward, forward)[0]
+
+
+def _moved_by_the_operator(matvec: Callable[[tf.Tensor], tf.Tensor], x: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """b in value; its derivative ``db − dA·x`` with x held, where matvec reads watched tensors (A)."""
+    moved = matvec(x)
+    r = b - (moved - tf.stop_gradient(moved))
+    if second_derivative_guard.needed([moved]):  # held, x's own motion is missing from a second derivative in A
+        r -= tf.cast(second_derivative_guard.zero_term([moved], _SECOND_IN_THE_OPERATOR), r.dtype)
+    return r
 
 
 def _recording(matvec: Callable[[tf.Tensor], tf.Tensor]) -> Callable[[tf.Tensor], tf.Tensor]:

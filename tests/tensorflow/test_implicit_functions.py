@@ -343,3 +343,19 @@ def test_a_declared_solve_whose_operator_reads_the_upstream_is_refused_naming_it
         tf.function(lambda x: jvp(f, x, tf.ones_like(x)))(x)
     with pytest.raises(ValueError, match="matvec reads the upstream"):  # eagerly, read where the solve stands in
         jvp(f, x, tf.ones_like(x))
+
+
+def test_a_root_with_a_declared_solve_is_refused_as_pfors_loop_body(mode):
+    """pfor converts the declared solve's op and drops its registered gradient: a gradient through the map gave a
+    wrong derivative (zeros under tf.function), so the call is refused there, naming the way out."""
+    ridge = sgm.custom_root(_optimality, _cg)(lambda init, lam: _closed_form(lam))
+    lams = tf.constant([0.5, 2.0, 3.0], _DOUBLE)
+    mapped = lambda lams: tf.vectorized_map(lambda lam: tf.reduce_sum(ridge(tf.zeros(5, _DOUBLE), lam)), lams)  # noqa: E731
+    for refused in (lambda lams: vjp(mapped, lams),
+                    lambda lams: _jacobian(lambda lam: ridge(tf.zeros(5, _DOUBLE), lam), lams[0])):
+        with pytest.raises(Exception) as raised:
+            in_mode(refused, mode)(lams)
+        chain = [raised.value]
+        while chain[-1].__cause__ or chain[-1].__context__:  # (a jacobian by pfor wraps it in its own error)
+            chain.append(chain[-1].__cause__ or chain[-1].__context__)
+        assert any("pfor's loop body" in str(error) for error in chain), chain
