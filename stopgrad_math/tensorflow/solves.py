@@ -30,6 +30,10 @@ from stopgrad_math.tensorflow import (
 _SECOND_IN_THE_OPERATOR = (
     "linear_solve gives the first derivative in the tensors its matvec reads, not the second (x is held in dA·x); "
     "every derivative in b is exact. Solve with tf.linalg.solve where a second derivative in the matrix is needed.")
+_OF_A_TANGENT = (
+    "a derivative of an implicit function's forward-mode derivative (forward over forward, reverse over forward) "
+    "where its solve is the caller's solve(matvec, b) is not supported (forward over forward through the declared "
+    "solve gave 0). Take second derivatives with a tape innermost (forward over reverse, reverse over reverse).")
 _IN_PFOR = (
     "An implicit function whose solve is the caller's solve(matvec, b) is traced as pfor's loop body "
     "(tf.vectorized_map, a jacobian by pfor), whose conversion drops the declared solve's registered gradient, so "
@@ -102,7 +106,8 @@ def _declared(matvec: Callable[[tf.Tensor], tf.Tensor], vecmat: Callable[[tf.Ten
     def forward(tangent: tf.Tensor | None) -> list[tf.Tensor]:
         if tangent is None:
             return [tf.zeros_like(x)]
-        return [_declared(matvec, vecmat, tangent, solve, transpose_solve)]
+        tangent_of_x = _declared(matvec, vecmat, tangent, solve, transpose_solve)
+        return [tf.raw_ops.PreventGradient(input=tangent_of_x, message=_OF_A_TANGENT)]
 
     return recorded_term.recorded("stopgrad_math_linear_solve", [tf.identity(x)], [r], backward, forward)[0]
 

@@ -254,6 +254,16 @@ def test_a_root_whose_solve_stops_on_a_tolerance_is_exact_in_every_mode(mode, so
     for got, want in zip(in_mode(lambda lam: gradient_and_second(loss(at), lam), mode)(lam),
                          gradient_and_second(loss(_closed_form), lam), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-8)
+    one = tf.constant(1.0, _DOUBLE)
+    forward_over = lambda inner: in_mode(lambda lam: jvp(inner, lam, one), mode)(lam)  # noqa: E731
+    if mode != "eager" and solve is _cg:  # TensorFlow cannot build a graph's while_loop under a tape and an
+        with pytest.raises(TypeError, match="variant"):  # accumulator (nor under two), and says so
+            forward_over(lambda lam: vjp(loss(at), lam))
+        return
+    np.testing.assert_allclose(forward_over(lambda lam: vjp(loss(at), lam)),
+                               gradient_and_second(loss(_closed_form), lam)[1], rtol=1e-8)
+    with pytest.raises(Exception, match="forward over forward"):  # it gave 0: refused
+        forward_over(lambda lam: jvp(loss(at), lam, one))
 
 
 # ---------------------------------------------------------------- the declared-linear solve (not public)
