@@ -8,13 +8,16 @@ library relies on, in ``make test`` and ``make test-oldest``.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.eager import forwardprop_util as _forwardprop_util
 from tensorflow.python.eager import record as _record
+from tensorflow.python.framework import op_callbacks as _op_callbacks
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import gradients_util as _gradients_util
 from tensorflow.python.saved_model import save_context as _save_context
@@ -133,6 +136,43 @@ def captured_value(tensor: tf.Tensor) -> tf.Tensor | None:
             return external
     return None
 
+
+@contextlib.contextmanager
+def op_callback(callback: Callable[..., None]) -> Iterator[None]:
+    """``callback(op_type, inputs, attrs, outputs, op_name, graph)`` for each op run eagerly or made in a graph
+    while the block runs, on this thread. TensorFlow's own hook for tfdbg, not exported under ``tf.*``; the
+    decorator counts which ops read each tensor of grad_fn (``masked_selects``), which no eager tensor says."""
+    _op_callbacks.add_op_callback(callback)
+    try:
+        yield
+    finally:
+        _op_callbacks.remove_op_callback(callback)
+
+
+_JVP_CALL = re.compile(r"_jvp_(exact|relaxed)_shapes")
+_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
+def runs_a_forward_accumulators_jvp(op_type: str) -> bool:
+    """Whether an op (eagerly: its type; a call: the function's name) is a ForwardAccumulator's JVP of another
+    op. TensorFlow runs each JVP as a call of its private functions ``_jvp_exact_shapes`` and
+    ``_jvp_relaxed_shapes`` (``eager.forwardprop``); nothing public tells such a call from the user's."""
+    return bool(_JVP_CALL.search(op_type))
+
+
+def called_function_name(op: tf.Operation) -> str | None:
+    """The name of the function a graph's call op runs, None for any other op."""
+    if op.type not in _CALL_OPS:
+        return None
+    return str(op.get_attr("f").name)
+
+
+def wrap_registered_gradient(op_type: str, wrap: Callable[[Any], Any]) -> None:
+    """Replaces the gradient registered for ``op_type`` by ``wrap(registered)``. ``tf.RegisterGradient`` refuses a
+    second registration, and a graph's ``gradient_override_map`` reaches neither eager tapes nor ops that exist
+    already; the registry is what a tape and ``tf.gradients`` look an op's gradient up in, eagerly and in graphs."""
+    entry = _ops._gradient_registry._registry[op_type]
+    entry["type"] = wrap(entry["type"])
 
 
 _PFOR_LOOP_BODY = re.compile(r"(^|/)loop_body(_\d+)?(/|$)")

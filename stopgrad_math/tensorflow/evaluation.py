@@ -25,6 +25,7 @@ from stopgrad_math.tensorflow import (
     grad_fn_conventions,
     gradient_components,
     identity,
+    masked_selects,
     nested_calls,
     transposition,
     value_only_mode,
@@ -186,6 +187,7 @@ class Probe:
     gradients: list[Gradient]
     reached: list[bool]  # per gradient: whether the tape records it from the upstream
     first_op: int  # in a graph: where grad_fn's ops begin
+    ops: masked_selects.GradFnOps  # what grad_fn's ops read and made
 
     @property
     def watched(self) -> list[tf.Tensor]:
@@ -206,7 +208,9 @@ class Probe:
         if not gradients:
             return [None] * len(self.upstreams)
         try:
-            return list(self.tape.gradient([g.values for g in gradients], self.watched, output_gradients=vectors))
+            results = [g.values for g in gradients]
+            with masked_selects.transposing(self.ops, results):
+                return list(self.tape.gradient(results, self.watched, output_gradients=vectors))
         except LookupError as error:
             raise Untransposable(str(error)) from error
 
@@ -219,6 +223,7 @@ def probe(plan: Plan, persistent: bool, watch: bool = True) -> Probe:
     first_op = len(graph.get_operations()) if graph is not None else 0
     with tf.GradientTape(watch_accessed_variables=False, persistent=persistent) as tape:
         tape.watch(list(zeros.values()) if watch else [])
-        gradients = plan.gradients_at(zeros)
+        with masked_selects.recording_ops() as ops:
+            gradients = plan.gradients_at(zeros)
         reached = [_tf_internal.should_record_backprop([g.values]) for g in gradients]
-    return Probe(tape, zeros, gradients, reached, first_op)
+    return Probe(tape, zeros, gradients, reached, first_op, ops)

@@ -941,6 +941,24 @@ def _wheres_unmasked(original):
     return lambda graph, cotangents: []
 
 
+def _tf_selects_unmasked(original):
+    """TensorFlow's J·v transposing a guarded division as written (issue 77): the select's gradient runs before the
+    division's, and ``tf.where(x > 0, dy / x, 0)`` gives NaN in forward mode at x = 0, where the declared element
+    is 0."""
+    return lambda state, tensor, mask: None
+
+
+def _tf_readers_uncounted(original):
+    """TensorFlow's masking of a quotient that grad_fn reads besides the select (issue 77): its other reader's share
+    is dropped where the select discards, silently."""
+    @contextlib.contextmanager
+    def recording():
+        with original() as ops:
+            yield ops
+        ops.consumers = dict.fromkeys(ops.consumers, 1)
+    return recording
+
+
 def _jax_divisors_unmasked(original):
     """JAX's guarded division without its double where (issue 77): at order 2 reverse over reverse differentiates
     the VJP through the divisor, −g/x² at x = 0 times the select's zero, NaN where the declared element is 0."""
@@ -1108,6 +1126,13 @@ MUTANTS = {
     "PyTorch's transpose divides after the where that discarded the quotient": Mutant(
         "stopgrad_math.torch.masked_selects", "masked", _wheres_unmasked,
         ("tests/torch/test_masked_selects.py::test_jacfwd_equals_jacrev_and_the_declared_jacobian_at_a_zero_row",)),
+    "TensorFlow's transpose divides after the select that discarded the quotient": Mutant(
+        "stopgrad_math.tensorflow.masked_selects", "_mask", _tf_selects_unmasked,
+        ("tests/tensorflow/test_masked_selects.py::test_forward_mode_at_the_guarded_point_is_the_mechanisms",)),
+    "TensorFlow masks a quotient that grad_fn reads besides the select": Mutant(
+        "stopgrad_math.tensorflow.masked_selects", "recording_ops", _tf_readers_uncounted,
+        ("tests/tensorflow/test_masked_selects.py::test_a_quotient_read_besides_the_select_keeps_its_whole_"
+         "derivative",)),
     "JAX's reverse over reverse differentiates a discarded quotient through its divisor": Mutant(
         "stopgrad_math.jax.masked_selects", "masked", _jax_divisors_unmasked,
         ("tests/jax/test_masked_selects.py::test_second_derivatives_at_order_2_give_the_guarded_point_zero",)),

@@ -188,3 +188,59 @@ def test_saving_is_true_while_a_saved_model_traces_its_registered_gradients(tmp_
         y = doubled(x)
     tape.gradient(y, x)
     assert seen == [True, False]
+
+
+def test_an_op_callback_sees_each_op_eagerly_and_in_a_graph_and_is_removed_after():
+    seen = []
+
+    def record(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        seen.append(op_type.decode() if isinstance(op_type, bytes) else op_type)
+
+    with _tf_internal.op_callback(record):
+        tf.constant([1.0]) / tf.constant([2.0])
+        tf.function(lambda x: x * 3.0)(tf.constant([1.0]))
+    assert "RealDiv" in seen and "Mul" in seen  # (the Mul while tracing the function)
+    count = len(seen)
+    tf.constant([1.0]) / tf.constant([2.0])
+    assert len(seen) == count
+
+
+def test_a_forward_accumulators_jvp_is_a_call_of_its_own_functions():
+    """TensorFlow names each op's JVP function _jvp_exact_shapes or _jvp_relaxed_shapes: eagerly the op's type."""
+    seen = []
+
+    def record(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        seen.append(op_type.decode() if isinstance(op_type, bytes) else op_type)
+
+    x = tf.constant([1.0, 2.0])
+    with _tf_internal.op_callback(record), tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)):
+        tf.sin(x)
+    assert any(_tf_internal.runs_a_forward_accumulators_jvp(t) for t in seen)
+    assert not _tf_internal.runs_a_forward_accumulators_jvp("Sin")
+
+
+def test_a_call_op_names_its_function_and_a_wrapped_gradient_delegates():
+    @tf.function
+    def inner(x):
+        return x * 2.0
+
+    with tf.Graph().as_default() as graph:
+        inner(tf.constant(1.0))
+        calls = [op for op in graph.get_operations() if _tf_internal.called_function_name(op)]
+    assert calls and "inner" in _tf_internal.called_function_name(calls[0])
+    taken, saved = [], {}
+
+    def wrap(registered):
+        saved["gradient"] = registered
+        return lambda op, grad: taken.append(op.type) or registered(op, grad)
+
+    _tf_internal.wrap_registered_gradient("Atan2", wrap)
+    try:
+        x = tf.constant(1.0)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.atan2(x, 2.0)
+        assert abs(float(tape.gradient(y, x)) - 2.0 / 5.0) < 1e-6
+    finally:
+        _tf_internal.wrap_registered_gradient("Atan2", lambda _: saved["gradient"])
+    assert taken == ["Atan2"]

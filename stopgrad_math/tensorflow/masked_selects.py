@@ -1,0 +1,197 @@
+"""A select's discarded elements stay zero through the transpose: the guarded division's rule in forward mode.
+
+A grad_fn that guards a division selects after it, ``tf.where(x > 0, dy / x, 0)``:
+where ``x`` is 0 the quotient is ``0 / 0`` and the select throws it away. The
+tape's transpose of grad_fn (J·v, forward mode's product and order 1's term in a
+graph) runs the same ops backwards: the select's gradient first, which puts a
+zero where the select discarded, then the division's, ``0 / 0``: NaN, where the
+declared Jacobian's element is 0 (the "where NaN trap"; here the user's code
+avoided it and the transpose made it).
+
+While ``transposing`` is active, the gradients of a select and of the
+elementwise ops linear in one operand (``Mul``, ``RealDiv``, ``Div``; ``Neg``,
+``Cast``, ``Identity``, ``AddV2``, ``Sub`` pass the cotangent on) carry the
+select's condition down to the op that produced its operand, where that operand
+has the select's shape and the select is its only consumer in grad_fn's ops
+(``consumers``, counted while grad_fn ran): a masked product's gradient is
+``where(m, grad · where(m, y, 0), 0)`` and a masked quotient's
+``where(m, grad / where(m, y, 1), 0)`` (the "double where"). Where the select
+keeps an element these are TensorFlow's own gradients, bit for bit; where it
+discards one, +0.0 whatever the op computes there, and so is every derivative
+of them (order 1's term in a graph is differentiated again by the caller's
+tape). Everywhere else TensorFlow's gradients run unchanged: the registry's
+entries are wrapped once, and delegate while nothing transposes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import tensorflow as tf
+
+from stopgrad_math.tensorflow import _tf_internal
+
+_SELECTS = frozenset({"Select", "SelectV2"})
+_SCALING = {"Mul": 0.0, "RealDiv": 1.0, "Div": 1.0}  # the coefficient that stands in where the select discards
+_PASSING = frozenset({"Neg", "Cast", "Identity", "AddV2", "Add", "Sub"})
+
+
+_SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike", "BroadcastGradientArgs"})
+"""Ops that read a tensor's shape alone: no cotangent passes through them."""
+
+
+@dataclasses.dataclass
+class GradFnOps:
+    """What grad_fn's ops were: which read each tensor and which made it, recorded as they ran (eagerly a tape's
+    op keeps its inputs, not its outputs). A forward accumulator's JVP of an op reads it too, and is not counted."""
+
+    consumers: dict[Any, int] = dataclasses.field(default_factory=dict)  # per tensor's ref: ops that read it
+    producers: dict[Any, tuple[str, tuple[tf.Tensor, ...]]] = dataclasses.field(default_factory=dict)
+    made: dict[tuple[Any, ...], int] = dataclasses.field(default_factory=dict)  # per op's key: how many such ops
+
+    def record(self, op_type: str | bytes, inputs: Any, outputs: Any) -> None:
+        op_type = op_type.decode() if isinstance(op_type, bytes) else op_type  # (eagerly, some ops name it in bytes)
+        if op_type in _SHAPE_READERS or _tf_internal.runs_a_forward_accumulators_jvp(op_type):
+            return
+        tensors = tuple(t for t in inputs if isinstance(t, tf.Tensor))
+        for tensor in tensors:
+            self.consumers[tensor.ref()] = self.consumers.get(tensor.ref(), 0) + 1
+        if len(tensors) == len(inputs) and outputs is not None and len(outputs) == 1:
+            self.producers[outputs[0].ref()] = (op_type, tensors)
+            key = _key(op_type, tensors)
+            self.made[key] = self.made.get(key, 0) + 1
+
+
+def _key(op_type: str, inputs: Any) -> tuple[Any, ...]:
+    return (op_type, *(t.ref() if isinstance(t, tf.Tensor) else None for t in inputs))
+
+
+@dataclasses.dataclass
+class _Transpose:
+    ops: GradFnOps
+    results: set[Any]  # refs of grad_fn's results, read beside its ops
+    masks: dict[tuple[Any, ...], tf.Tensor] = dataclasses.field(default_factory=dict)  # per op's key: where kept
+
+
+_ACTIVE: contextvars.ContextVar[_Transpose | None] = contextvars.ContextVar("stopgrad_math_masked", default=None)
+
+
+@contextlib.contextmanager
+def recording_ops() -> Iterator[GradFnOps]:
+    """While the block runs grad_fn: which ops read and made each tensor (for ``transposing``). Eagerly each op is
+    recorded as it runs; in a graph the ops the block made are read after it, with the function calls among
+    them (which no op callback reports there)."""
+    ops = GradFnOps()
+    if not tf.executing_eagerly():
+        graph = tf.compat.v1.get_default_graph()
+        first = len(graph.get_operations())
+        yield ops
+        for op in graph.get_operations()[first:]:
+            ops.record(_tf_internal.called_function_name(op) or op.type, list(op.inputs), list(op.outputs))
+        return
+
+    def record(op_type: str, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None, graph: Any = None) -> None:
+        ops.record(op_type, inputs, outputs)
+
+    with _tf_internal.op_callback(record):
+        yield ops
+
+
+@contextlib.contextmanager
+def transposing(ops: GradFnOps, results: list[tf.Tensor]) -> Iterator[None]:
+    """The tape's gradients taken in the block keep a select's discarded elements zero (the module's rule)."""
+    token = _ACTIVE.set(_Transpose(ops, {t.ref() for t in results if isinstance(t, tf.Tensor)}))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _same_shape(*tensors: Any) -> bool:
+    if not all(isinstance(t, tf.Tensor) for t in tensors):  # (a tape keeps None for an input it needs no value of)
+        return False
+    shapes = [t.shape for t in tensors]
+    return all(s.is_fully_defined() for s in shapes) and all(s == shapes[0] for s in shapes)
+
+
+def _masked_producer(state: _Transpose, tensor: Any, mask: tf.Tensor) -> tuple[str, tuple[tf.Tensor, ...]] | None:
+    """The op that made ``tensor`` and its inputs, where it may be masked: ``tensor`` floating, of the mask's shape,
+    read by one op alone and not a result of grad_fn, and no other op of its kind read the same inputs."""
+    if not isinstance(tensor, tf.Tensor) or not (tensor.dtype.is_floating or tensor.dtype.is_complex):
+        return None
+    ref = tensor.ref()
+    if state.ops.consumers.get(ref, 0) != 1 or ref in state.results or not _same_shape(tensor, mask):
+        return None
+    producer = state.ops.producers.get(ref)
+    return producer if producer is not None and state.ops.made.get(_key(*producer)) == 1 else None
+
+
+def _mask(state: _Transpose, tensor: Any, mask: tf.Tensor) -> None:
+    """Marks the op that made ``tensor`` (and those before it that pass the cotangent on) kept where ``mask``
+    holds; a select before it narrows the mask by its own condition."""
+    producer = _masked_producer(state, tensor, mask)
+    if producer is None:
+        return
+    op_type, inputs = producer
+    if op_type in _SELECTS:
+        if _same_shape(inputs[0], mask):
+            _mask(state, inputs[1], tf.logical_and(inputs[0], mask))
+            _mask(state, inputs[2], tf.logical_and(tf.logical_not(inputs[0]), mask))
+        return
+    if op_type not in _PASSING and op_type not in _SCALING:
+        return
+    key = _key(*producer)
+    state.masks[key] = mask if key not in state.masks else tf.logical_and(state.masks[key], mask)
+    for index in (0,) if op_type in ("RealDiv", "Div") else range(len(inputs)):  # (a divisor carries nothing)
+        _mask(state, inputs[index], mask)
+
+
+def _selected(state: _Transpose, op: Any) -> None:
+    """A select's gradient: its operands kept where it keeps them."""
+    if _same_shape(op.inputs[0], op.inputs[1]):
+        _mask(state, op.inputs[1], op.inputs[0])
+    if _same_shape(op.inputs[0], op.inputs[2]):
+        _mask(state, op.inputs[2], tf.logical_not(op.inputs[0]))
+
+
+def _scaled(op_type: str, op: Any, grad: tf.Tensor, result: list[Any], mask: tf.Tensor) -> tuple[Any, ...]:
+    """A masked product's or quotient's gradients: TensorFlow's where kept, +0.0 where discarded, with the
+    coefficient replaced there (the double where), so that no derivative of them meets it either."""
+    for index in (0, 1) if op_type == "Mul" else (0,):
+        if result[index] is None or not _same_shape(op.inputs[index], mask):
+            continue
+        coefficient = tf.math.conj(op.inputs[1 - index])
+        coefficient = tf.where(mask, coefficient, tf.cast(_SCALING[op_type], coefficient.dtype))
+        product = grad * coefficient if op_type == "Mul" else grad / coefficient
+        result[index] = tf.where(mask, product, tf.zeros([], product.dtype))
+    return tuple(result)
+
+
+def _masked_gradient(op_type: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """TensorFlow's gradient of ``op_type``, with the module's rule while a transpose is taken."""
+    def gradient(op: Any, *grads: Any) -> Any:
+        state = _ACTIVE.get()
+        result = original(op, *grads)
+        if state is None or op.inputs is None:
+            return result
+        if op_type in _SELECTS:
+            _selected(state, op)
+            return result
+        mask = state.masks.get(_key(op_type, op.inputs))
+        if mask is None or op_type in _PASSING or not isinstance(grads[0], tf.Tensor):
+            return result
+        return _scaled(op_type, op, grads[0], list(result), mask)
+
+    return gradient
+
+
+def _wrapper(op_type: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return lambda original: _masked_gradient(op_type, original)
+
+
+for _op_type in sorted(_SELECTS | set(_SCALING) | _PASSING):
+    _tf_internal.wrap_registered_gradient(_op_type, _wrapper(_op_type))
