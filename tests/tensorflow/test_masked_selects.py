@@ -126,7 +126,10 @@ def test_reverse_mode_is_grad_fn_and_keeps_the_guarded_zero(mode):
     want = in_mode(lambda x: vjp(tf.custom_gradient(rule), x), mode)(x).numpy()
     for order in ORDERS:
         got = in_mode(lambda x, order=order: vjp(sgm.custom_gradient(rule, order=order), x), mode)(x).numpy()
-        np.testing.assert_array_equal(np.abs(got), np.abs(want))  # (the sign of a zero: issue 77's own item)
+        np.testing.assert_array_equal(np.abs(got), np.abs(want))
+        # The documented limit: order 1's reverse mode is −grad_fn(−ȳ), so the select's +0.0 comes back −0.0.
+        np.testing.assert_array_equal(np.signbit(got), [order == 1, False, False, order == 1])
+    assert not np.signbit(want).any()
 
 
 def test_tensorflows_own_gradients_are_unchanged_where_nothing_transposes():
