@@ -12,8 +12,10 @@ While ``transposing`` is active, the gradients of a select and of the
 elementwise ops linear in one operand (``Mul``, ``RealDiv``, ``Div``; ``Neg``,
 ``Cast``, ``Identity``, ``AddV2``, ``Sub`` pass the cotangent on) carry the
 select's condition down to the op that produced its operand, where that operand
-has the select's shape and the select is its only consumer in grad_fn's ops
-(``consumers``, counted while grad_fn ran): a masked product's gradient is
+has the select's shape and every op of grad_fn that reads it is such a select
+or op (``GradFnOps``, recorded while grad_fn ran; the mask is the union of
+theirs, a sum or a nested call reading it leaves it unmasked): a masked
+product's gradient is
 ``where(m, grad · where(m, y, 0), 0)`` and a masked quotient's
 ``where(m, grad / where(m, y, 1), 0)`` (the "double where"). Where the select
 keeps an element these are TensorFlow's own gradients, bit for bit; where it
@@ -28,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -75,6 +78,7 @@ class _Transpose:
     ops: GradFnOps
     results: set[Any]  # refs of grad_fn's results, read beside its ops
     masks: dict[tuple[Any, ...], tf.Tensor] = dataclasses.field(default_factory=dict)  # per op's key: where kept
+    arrived: dict[Any, list[tf.Tensor]] = dataclasses.field(default_factory=dict)  # per tensor's ref: its readers'
 
 
 _ACTIVE: contextvars.ContextVar[_Transpose | None] = contextvars.ContextVar("stopgrad_math_masked", default=None)
@@ -118,36 +122,41 @@ def _same_shape(*tensors: Any) -> bool:
     return all(s.is_fully_defined() for s in shapes) and all(s == shapes[0] for s in shapes)
 
 
-def _masked_producer(state: _Transpose, tensor: Any, mask: tf.Tensor) -> tuple[str, tuple[tf.Tensor, ...]] | None:
-    """The op that made ``tensor`` and its inputs, where it may be masked: ``tensor`` floating, of the mask's shape,
-    read by one op alone and not a result of grad_fn, and no other op of its kind read the same inputs."""
+def _kept_by_every_reader(state: _Transpose, tensor: Any, mask: tf.Tensor) -> tf.Tensor | None:
+    """Where ``tensor`` is kept, once every op of grad_fn that reads it has said (``mask`` is one reader's): the
+    union of their masks; None until then, and for ever where a reader masks nothing (a sum, a nested call, a
+    result of grad_fn) or ``tensor`` is not floating of the mask's shape."""
     if not isinstance(tensor, tf.Tensor) or not (tensor.dtype.is_floating or tensor.dtype.is_complex):
         return None
     ref = tensor.ref()
-    if state.ops.consumers.get(ref, 0) != 1 or ref in state.results or not _same_shape(tensor, mask):
+    if ref in state.results or not _same_shape(tensor, mask):
         return None
-    producer = state.ops.producers.get(ref)
-    return producer if producer is not None and state.ops.made.get(_key(*producer)) == 1 else None
+    arrived = state.arrived.setdefault(ref, [])
+    arrived.append(mask)
+    if len(arrived) != state.ops.consumers.get(ref, 0):
+        return None
+    return functools.reduce(tf.logical_or, arrived)
 
 
 def _mask(state: _Transpose, tensor: Any, mask: tf.Tensor) -> None:
-    """Marks the op that made ``tensor`` (and those before it that pass the cotangent on) kept where ``mask``
-    holds; a select before it narrows the mask by its own condition."""
-    producer = _masked_producer(state, tensor, mask)
-    if producer is None:
+    """One reader of ``tensor`` keeps it where ``mask`` holds. Once all have, the op that made it (and those before
+    it that pass the cotangent on) is marked kept where any of them keeps it; a select before it narrows the mask
+    by its own condition. An op is marked only where no other op of its kind read the same inputs."""
+    kept = _kept_by_every_reader(state, tensor, mask)
+    producer = state.ops.producers.get(tensor.ref()) if kept is not None else None
+    if kept is None or producer is None or state.ops.made.get(_key(*producer)) != 1:
         return
     op_type, inputs = producer
     if op_type in _SELECTS:
-        if _same_shape(inputs[0], mask):
-            _mask(state, inputs[1], tf.logical_and(inputs[0], mask))
-            _mask(state, inputs[2], tf.logical_and(tf.logical_not(inputs[0]), mask))
+        if _same_shape(inputs[0], kept):
+            _mask(state, inputs[1], tf.logical_and(inputs[0], kept))
+            _mask(state, inputs[2], tf.logical_and(tf.logical_not(inputs[0]), kept))
         return
     if op_type not in _PASSING and op_type not in _SCALING:
         return
-    key = _key(*producer)
-    state.masks[key] = mask if key not in state.masks else tf.logical_and(state.masks[key], mask)
+    state.masks[_key(*producer)] = kept
     for index in (0,) if op_type in ("RealDiv", "Div") else range(len(inputs)):  # (a divisor carries nothing)
-        _mask(state, inputs[index], mask)
+        _mask(state, inputs[index], kept)
 
 
 def _selected(state: _Transpose, op: Any) -> None:

@@ -959,6 +959,16 @@ def _tf_readers_uncounted(original):
     return recording
 
 
+def _tf_readers_intersected(original):
+    """TensorFlow's mask of a quotient that two selects read taken where both keep it, not either (issue 77): the
+    one that keeps it loses its share, silently."""
+    import functools
+
+    import tensorflow as tf
+
+    return type("Functools", (), {"reduce": staticmethod(lambda _, items: functools.reduce(tf.logical_and, items))})
+
+
 def _jax_divisors_unmasked(original):
     """JAX's guarded division without its double where (issue 77): at order 2 reverse over reverse differentiates
     the VJP through the divisor, −g/x² at x = 0 times the select's zero, NaN where the declared element is 0."""
@@ -1133,6 +1143,10 @@ MUTANTS = {
         "stopgrad_math.tensorflow.masked_selects", "recording_ops", _tf_readers_uncounted,
         ("tests/tensorflow/test_masked_selects.py::test_a_quotient_read_besides_the_select_keeps_its_whole_"
          "derivative",)),
+    "TensorFlow keeps a quotient two selects read only where both keep it": Mutant(
+        "stopgrad_math.tensorflow.masked_selects", "functools", _tf_readers_intersected,
+        ("tests/tensorflow/test_masked_selects.py::test_a_quotient_read_by_two_selects_is_kept_where_either_keeps_"
+         "it",)),
     "JAX's reverse over reverse differentiates a discarded quotient through its divisor": Mutant(
         "stopgrad_math.jax.masked_selects", "masked", _jax_divisors_unmasked,
         ("tests/jax/test_masked_selects.py::test_second_derivatives_at_order_2_give_the_guarded_point_zero",)),

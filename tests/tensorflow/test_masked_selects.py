@@ -69,7 +69,7 @@ def test_forward_mode_gives_the_declared_zero_where_the_select_discards(case, mo
 
 @pytest.mark.parametrize("mode", MODES)
 def test_forward_mode_at_the_guarded_point_is_the_mechanisms(mode):
-    """tf.custom_gradient's forward mode gives 0 at x = 0 (its JVP is a double backward through the select)."""
+    """tf.custom_gradient's forward mode gives 0 at x = 0 (it differentiates f, whose derivative the rule is)."""
     def rule(x):
         return tf.math.log(tf.maximum(x, 1e-30)), lambda dy: tf.where(x > 0, dy / x, tf.zeros_like(x))
 
@@ -98,6 +98,26 @@ def _read_by_a_function(x):  # the quotient read by the select and by a nested t
         quotient = dy / x
         return tf.where(x > 0, quotient, 0.0) + _tripled(quotient)
     return tf.identity(x), grad_fn
+
+
+def _read_by_two_selects(x):  # kept where either select keeps it: 0 at x = 0, where both discard
+    def grad_fn(dy):
+        quotient = dy / x
+        return tf.where(x > 0, quotient, 0.0) + tf.where(x > 1, quotient, 0.0)
+    return tf.identity(x), grad_fn
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_quotient_read_by_two_selects_is_kept_where_either_keeps_it(mode, order):
+    x = np.array([0.0, 0.5, 2.0, -1.0, 0.0], np.float32)
+    tangent = np.array([1.0, 2.0, 3.0, -1.0, -2.0], np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        jacobian = np.where(x > 0, 1.0, 0.0) / np.where(x != 0, x, 1.0) + np.where(x > 1, 1.0, 0.0) / np.where(
+            x != 0, x, 1.0)
+    fn = sgm.custom_gradient(_read_by_two_selects, order=order)
+    got = in_mode(lambda x, t: jvp(fn, x, t), mode)(tf.constant(x), tf.constant(tangent))
+    np.testing.assert_allclose(got.numpy(), jacobian * tangent, rtol=2e-6, atol=0)
 
 
 @pytest.mark.parametrize("order", ORDERS)
