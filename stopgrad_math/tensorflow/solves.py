@@ -100,7 +100,7 @@ def _declared(matvec: Callable[[tf.Tensor], tf.Tensor], vecmat: Callable[[tf.Ten
         if transpose_solve is None:
             raise ValueError("linear_solve was given no transpose_solve and symmetric=False, which reverse mode "
                              "needs: pass transpose_solve(vecmat, b), or symmetric=True where matvec is symmetric.")
-        transposed = _recording(_transposed(matvec, x) if vecmat is None else vecmat)
+        transposed = _transposed(matvec, x) if vecmat is None else vecmat  # (_declared records its calls)
         return [_declared(transposed, matvec, upstream, transpose_solve, solve)]
 
     def forward(tangent: tf.Tensor | None) -> list[tf.Tensor]:
