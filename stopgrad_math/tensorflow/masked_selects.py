@@ -40,6 +40,7 @@ from stopgrad_math.tensorflow import _tf_internal
 
 _SELECTS = frozenset({"Select", "SelectV2"})
 _SCALING = {"Mul": 0.0, "RealDiv": 1.0, "Div": 1.0}  # the coefficient that stands in where the select discards
+_CARRYING = {"Mul": (0, 1), "RealDiv": (0,), "Div": (0,)}  # the operands that may carry the cotangent (not a divisor)
 _PASSING = frozenset({"Neg", "Cast", "Identity", "AddV2", "Add", "Sub"})
 
 
@@ -155,7 +156,7 @@ def _mask(state: _Transpose, tensor: Any, mask: tf.Tensor) -> None:
     if op_type not in _PASSING and op_type not in _SCALING:
         return
     state.masks[_key(*producer)] = kept
-    for index in (0,) if op_type in ("RealDiv", "Div") else range(len(inputs)):  # (a divisor carries nothing)
+    for index in _CARRYING.get(op_type, range(len(inputs))):
         _mask(state, inputs[index], kept)
 
 
@@ -170,7 +171,7 @@ def _selected(state: _Transpose, op: Any) -> None:
 def _scaled(op_type: str, op: Any, grad: tf.Tensor, result: list[Any], mask: tf.Tensor) -> tuple[Any, ...]:
     """A masked product's or quotient's gradients: TensorFlow's where kept, +0.0 where discarded, with the
     coefficient replaced there (the double where), so that no derivative of them meets it either."""
-    for index in (0, 1) if op_type == "Mul" else (0,):
+    for index in _CARRYING[op_type]:
         if result[index] is None or not _same_shape(op.inputs[index], mask):
             continue
         coefficient = tf.math.conj(op.inputs[1 - index])
