@@ -34,6 +34,11 @@ def linear_solve(matvec: Callable[[Any], Any], b: Any, solve: Solve, transpose_s
     differentiated, so it may stop on a tolerance or loop in a
     ``while_loop``, and a VJP that calls it is still proven linear.
 
+    A zero ``b`` (every element) gives 0 without calling ``solve``, as x = 0
+    solves ``matvec(x) = 0``: a solver that divides by ``|b|`` (CG's fixed
+    steps) gives 0/0 = NaN there, which a zero cotangent, a zero tangent or
+    ``order=2``'s motion of a root would meet.
+
     Examples:
         A CG solve inside a VJP, in forward mode (a VJP with ``cg``'s loop alone could not be transposed).
 
@@ -43,7 +48,21 @@ def linear_solve(matvec: Callable[[Any], Any], b: Any, solve: Solve, transpose_s
         >>> bool(jnp.allclose(A @ x, jnp.array([1.0, 2.0])))
         True
     """
-    return jax.lax.custom_linear_solve(matvec, b, solve, transpose_solve=transpose_solve, symmetric=symmetric)
+    transposed = None if transpose_solve is None else _zero_at_zero(transpose_solve)
+    return jax.lax.custom_linear_solve(matvec, b, _zero_at_zero(solve), transpose_solve=transposed,
+                                       symmetric=symmetric)
+
+
+def _zero_at_zero(solve: Solve) -> Solve:
+    """``solve``, giving 0 for a ``b`` that is zero in every element without running it (a ``cond``: under ``vmap``
+    both branches run and the zero is selected; the solver is never differentiated, so its NaN there reaches
+    nothing)."""
+
+    def zero_at_zero(matvec: Callable[[Any], Any], b: Any) -> Any:
+        zero = jnp.all(jnp.array([jnp.all(leaf == 0) for leaf in jax.tree_util.tree_leaves(b)]))
+        return jax.lax.cond(zero, lambda b: jax.tree_util.tree_map(jnp.zeros_like, b), lambda b: solve(matvec, b), b)
+
+    return zero_at_zero
 
 
 def forward(residual: Callable[[Any], Any], z: Any, b: Any, solve: Solve | str | None) -> Any:

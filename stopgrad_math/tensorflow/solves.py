@@ -89,7 +89,7 @@ def _declared(matvec: Callable[[tf.Tensor], tf.Tensor], vecmat: Callable[[tf.Ten
         raise ValueError(_IN_PFOR)
     b = tf.convert_to_tensor(b)
     matvec = _recording(matvec)
-    x = tf.zeros_like(b) if zero else tf.stop_gradient(solve(matvec, tf.stop_gradient(b)))
+    x = tf.zeros_like(b) if zero else tf.stop_gradient(_solved_unless_zero(solve, matvec, tf.stop_gradient(b)))
     if identity.nothing_records():
         return x
     r = _moved_by_the_operator(matvec, x, b)
@@ -110,6 +110,17 @@ def _declared(matvec: Callable[[tf.Tensor], tf.Tensor], vecmat: Callable[[tf.Ten
         return [tf.raw_ops.PreventGradient(input=tangent_of_x, message=_OF_A_TANGENT)]
 
     return recorded_term.recorded("stopgrad_math_linear_solve", [tf.identity(x)], [r], backward, forward)[0]
+
+
+def _solved_unless_zero(solve: Solve, matvec: Callable[[tf.Tensor], tf.Tensor], b: tf.Tensor) -> tf.Tensor:
+    """``solve(matvec, b)``, or 0 where b is zero in every element (a zero upstream or tangent): x = 0 solves
+    ``matvec(x) = 0``, where a solver that divides by ``|b|`` (CG's fixed steps) gives 0/0. Eagerly the solver is
+    not run there; in a graph it solves for ones instead, and its answer is not selected (a ``tf.cond`` holding the
+    solver is refused by XLA and under a tape and an accumulator, and the solve is never differentiated)."""
+    zero = tf.reduce_all(tf.equal(b, 0))
+    if tf.executing_eagerly():
+        return tf.zeros_like(b) if bool(zero) else solve(matvec, b)
+    return tf.where(zero, tf.zeros_like(b), solve(matvec, tf.where(zero, tf.ones_like(b), b)))
 
 
 def _moved_by_the_operator(matvec: Callable[[tf.Tensor], tf.Tensor], x: tf.Tensor, b: tf.Tensor) -> tf.Tensor:

@@ -189,6 +189,44 @@ def test_a_root_whose_solve_is_a_while_loop_in_forward_mode(float64):
     np.testing.assert_allclose(jax.jacrev(ridge, 1)(jnp.zeros(5), 2.0), truth, rtol=1e-8)
 
 
+def _cg_steps(matvec, b):
+    """CG, one step per unknown and no tolerance, as written by hand: exact for a symmetric positive definite
+    operator, and 0/0 = NaN at b = 0."""
+    x, r = jnp.zeros_like(b), b
+    p = r
+    for _ in range(b.shape[0]):
+        applied = matvec(p)
+        alpha = (r @ r) / (p @ applied)
+        x, r_next = x + alpha * p, r - alpha * applied
+        p, r = r_next + (r_next @ r_next) / (r @ r) * p, r_next
+    return x
+
+
+def test_a_zero_cotangent_or_tangent_gives_zero_where_the_solver_gives_nan_at_zero(float64):
+    """A solve is linear: at b = 0 it is 0 (``linear_solve`` does not call the solver there). The truth: autodiff
+    of the closed form, whose derivative along a zero is 0."""
+    symmetric = _A + _A.T
+    assert np.isnan(_cg_steps(lambda v: symmetric @ v, jnp.zeros(3))).all()  # the solver itself, at b = 0
+    ridge = _ridge(_cg_steps)
+    implicit = lambda lam: ridge(jnp.zeros(5), lam)  # noqa: E731
+    truth = jax.jacrev(_closed_form)(2.0)
+    pullback = jax.vjp(implicit, 2.0)[1]
+    np.testing.assert_array_equal(pullback(jnp.zeros(5))[0], 0.0)
+    np.testing.assert_array_equal(jax.grad(lambda lam: 0.0 * implicit(lam).sum())(2.0), 0.0)
+    np.testing.assert_array_equal(jax.jvp(implicit, (2.0,), (0.0,))[1], np.zeros(5))
+    np.testing.assert_array_equal(jax.jit(lambda t: jax.jvp(implicit, (2.0,), (t,))[1])(0.0), np.zeros(5))
+    rows = jnp.stack([jnp.zeros(5), jnp.ones(5), jnp.zeros(5)])  # under vmap, a zero row beside one that is not
+    np.testing.assert_allclose(jax.vmap(lambda ct: pullback(ct)[0])(rows), [0.0, truth.sum(), 0.0], rtol=1e-9)
+    np.testing.assert_allclose(jax.hessian(lambda lam: jnp.sum(implicit(lam) ** 2))(2.0),
+                               jax.hessian(lambda lam: jnp.sum(_closed_form(lam) ** 2))(2.0), rtol=1e-8)
+    solved = lambda b: sgm.linear_solve(lambda v: symmetric @ v, b, _cg_steps, symmetric=True)  # noqa: E731
+    np.testing.assert_array_equal(solved(jnp.zeros(3)), np.zeros(3))
+    b = jnp.array([1.0, -2.0, 0.5])
+    np.testing.assert_allclose(solved(b), np.linalg.solve(symmetric, b), rtol=1e-10)
+    np.testing.assert_array_equal(jax.jvp(solved, (b,), (jnp.zeros(3),))[1], np.zeros(3))
+    np.testing.assert_allclose(jax.jacrev(solved)(b), np.linalg.inv(symmetric), rtol=1e-10)
+
+
 # ---------------------------------------------------------------- implicit reparameterization
 def _exponential_cdf(z, rate):
     return 1 - jnp.exp(-rate * z)

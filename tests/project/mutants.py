@@ -1123,6 +1123,15 @@ MUTANTS = {
         "stopgrad_math.tensorflow.solves", "_transposed", lambda original: lambda matvec, like: matvec,
         ("tests/tensorflow/test_implicit_functions.py::test_a_python_loop_solve_inside_a_grad_fn_is_embedded_through_"
          "linear_solve",)),
+    "TensorFlow's declared solve runs the solver on a zero right-hand side": Mutant(
+        "stopgrad_math.tensorflow.solves", "_solved_unless_zero", lambda original: lambda solve, matvec, b: solve(
+            matvec, b),
+        ("tests/tensorflow/test_implicit_functions.py::test_a_zero_upstream_or_tangent_gives_zero_where_the_solver_"
+         "gives_nan_at_zero[eager]",)),
+    "JAX's declared solve runs the solver on a zero right-hand side": Mutant(
+        "stopgrad_math.jax.solves", "_zero_at_zero", lambda original: lambda solve: solve,
+        ("tests/jax/test_implicit_functions.py::test_a_zero_cotangent_or_tangent_gives_zero_where_the_solver_gives_"
+         "nan_at_zero",)),
     "PyTorch's implicit derivative loses its minus sign": Mutant(
         "stopgrad_math.torch.implicit_functions", "_negated", _implicit_sign_dropped,
         ("tests/torch/test_implicit_functions.py::test_ridge_derivatives_in_every_mode_are_the_closed_forms[dense]",)),

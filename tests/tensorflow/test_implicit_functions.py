@@ -266,6 +266,28 @@ def test_a_root_whose_solve_stops_on_a_tolerance_is_exact_in_every_mode(mode, so
         forward_over(lambda lam: jvp(loss(at), lam, one))
 
 
+def test_a_zero_upstream_or_tangent_gives_zero_where_the_solver_gives_nan_at_zero(mode):
+    """A solve is linear: at b = 0 it is 0, and the declared solve does not run the solver there (five CG steps
+    give 0/0). The truth: autodiff of the closed form, whose derivative along a zero is 0."""
+    assert np.isnan(_cg_five_steps(lambda v: v, tf.zeros(5, _DOUBLE))).all()  # the solver itself, at b = 0
+    ridge = sgm.custom_root(_optimality, _cg_five_steps)(lambda init, lam: _closed_form(lam))
+    at = lambda lam: ridge(tf.zeros(5, _DOUBLE), lam)  # noqa: E731
+    lam, zero = tf.constant(2.0, _DOUBLE), tf.constant(0.0, _DOUBLE)
+    np.testing.assert_array_equal(in_mode(lambda lam: vjp(at, lam, tf.zeros(5, _DOUBLE)), mode)(lam), 0.0)
+    np.testing.assert_array_equal(in_mode(lambda lam: jvp(at, lam, zero), mode)(lam), np.zeros(5))
+    np.testing.assert_allclose(in_mode(lambda lam: vjp(at, lam), mode)(lam),  # and a non-zero one as before
+                               tf.reduce_sum(_jacobian(_closed_form, lam)), rtol=1e-9)
+
+
+def test_a_zero_upstream_in_a_tf1_graph_gives_zero():
+    ridge = sgm.custom_root(_optimality, _cg_five_steps)(lambda init, lam: _closed_form(lam))
+    with tf.Graph().as_default():
+        lam = tf.compat.v1.placeholder(_DOUBLE, shape=[])
+        gradient = tf.gradients(ridge(tf.zeros(5, _DOUBLE), lam), lam, grad_ys=tf.zeros(5, _DOUBLE))[0]
+        with tf.compat.v1.Session() as session:
+            assert session.run(gradient, {lam: 2.0}) == 0.0
+
+
 # ---------------------------------------------------------------- the declared-linear solve (not public)
 _A = np.array([[4.0, 1.0, 0.5], [1.0, 5.0, 1.0], [0.0, 1.0, 3.0]])
 
