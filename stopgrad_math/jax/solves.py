@@ -34,9 +34,10 @@ def linear_solve(matvec: Callable[[Any], Any], b: Any, solve: Solve, transpose_s
     differentiated, so it may stop on a tolerance or loop in a
     ``while_loop``, and a VJP that calls it is still proven linear.
 
-    A zero ``b`` (every element) gives 0 without calling ``solve``, as x = 0
-    solves ``matvec(x) = 0``: a solver that divides by ``|b|`` (CG's fixed
-    steps) gives 0/0 = NaN there, which a zero cotangent, a zero tangent or
+    A zero ``b`` (every element) gives 0, as x = 0 solves ``matvec(x) = 0``,
+    and ``solve`` is not called for it (under ``vmap`` it runs and its answer
+    is not selected): a solver that divides by ``|b|`` (CG's fixed steps)
+    gives 0/0 = NaN there, which a zero cotangent, a zero tangent or
     ``order=2``'s motion of a root would meet.
 
     Examples:
