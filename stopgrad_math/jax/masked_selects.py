@@ -50,6 +50,7 @@ class _Mask:
     case: int
     count: int
     fill: float = 0.0
+    broadcast: Any = None  # the ``broadcast_in_dim`` that made the select's predicate from ``predicate``, or None
 
 
 @dataclasses.dataclass
@@ -78,7 +79,10 @@ class Masked:
         for k, step in enumerate(self.steps):
             operands = [read(atom) for atom in step.reads]
             for j, mask in self.masks.get(k, {}).items():
-                operands[j] = _selected(values[mask.predicate], mask, operands[j])
+                predicate = values[mask.predicate]
+                if mask.broadcast is not None:  # (the select's own predicate is made later: made again here)
+                    predicate = _bound(mask.broadcast, [predicate])[0]
+                operands[j] = _selected(predicate, mask, operands[j])
             results = _bound(step.eqn, operands)
             values.update(zip(step.writes, results, strict=True))
         return [read(atom) for atom in self.outputs]
@@ -154,7 +158,7 @@ def _masks(steps: list[_Step], inputs: set[object], outputs: list[Any],
             continue
         for case, atom in enumerate(cases):
             if graph.carries(atom):
-                graph.push(atom, _Mask(predicate, case, len(cases)), shape)
+                graph.push(atom, graph.mask(predicate, case, len(cases)), shape)
     return graph.masks
 
 
@@ -180,6 +184,19 @@ class _Graph:
             if not isinstance(atom, core.Literal):
                 self.uses[atom] = self.uses.get(atom, 0) + 2
         self.masks: dict[int, dict[int, _Mask]] = {}
+
+    def mask(self, predicate: object, case: int, count: int) -> _Mask:
+        """The mask of a select's case; where its predicate is broadcast from a smaller one (``jnp.where`` broadcasts
+        a condition of one element a row after the quotient it selects is made), from that one and the
+        broadcast, which the masked ops can then read before the select."""
+        k = self.made.get(predicate)
+        if k is None:
+            return _Mask(predicate, case, count)
+        step = self.steps[k]
+        if step.eqn.primitive.name != "broadcast_in_dim" or len(step.reads) != 1 \
+                or isinstance(step.reads[0], core.Literal):
+            return _Mask(predicate, case, count)
+        return _Mask(step.reads[0], case, count, broadcast=step.eqn)
 
     def carries(self, atom: Any) -> bool:
         return not isinstance(atom, core.Literal) and atom in self.carrying

@@ -117,21 +117,39 @@ def transposing(ops: GradFnOps, results: list[tf.Tensor]) -> Iterator[None]:
 
 
 def _same_shape(*tensors: Any) -> bool:
-    if not all(isinstance(t, tf.Tensor) for t in tensors):  # (a tape keeps None for an input it needs no value of)
-        return False
+    """Whether the tensors' shapes are known while tracing and equal (so no op of theirs broadcasts)."""
     shapes = [t.shape for t in tensors]
     return all(s.is_fully_defined() for s in shapes) and all(s == shapes[0] for s in shapes)
 
 
+def _broadcast_axes(operand: tf.Tensor, out: tf.Tensor) -> Any:
+    """The axes of ``out`` that ``operand`` was broadcast along (to be reduced, keeping dimensions): known while
+    tracing where both shapes are, else ``BroadcastGradientArgs`` at run time, as TensorFlow's own gradients find
+    them."""
+    if operand.shape.is_fully_defined() and out.shape.is_fully_defined():
+        given, rank = operand.shape.as_list(), out.shape.rank
+        padded = [1] * (rank - len(given)) + given
+        return [axis for axis, (n, m) in enumerate(zip(padded, out.shape.as_list(), strict=True)) if n == 1 != m]
+    return tf.raw_ops.BroadcastGradientArgs(s0=tf.shape(operand), s1=tf.shape(out))[0]
+
+
+def _onto(mask: tf.Tensor, out: tf.Tensor, operand: tf.Tensor) -> tf.Tensor:
+    """A mask over an elementwise op's result ``out`` (broadcasting to it), as a mask over one of its operands: an
+    element kept where any element of ``out`` it reaches is kept (broadcasting, and shapes unknown while tracing,
+    at run time)."""
+    if _same_shape(mask, operand, out):
+        return mask
+    full = mask if _same_shape(mask, out) else tf.broadcast_to(mask, tf.shape(out))
+    if _same_shape(operand, out):
+        return full
+    return tf.reshape(tf.reduce_any(full, _broadcast_axes(operand, out), keepdims=True), tf.shape(operand))
+
+
 def _kept_by_every_reader(state: _Transpose, tensor: Any, mask: tf.Tensor) -> tf.Tensor | None:
-    """Where ``tensor`` is kept, once every op of grad_fn that reads it has said (``mask`` is one reader's): the
-    union of their masks; None until then, and for ever where a reader masks nothing (a sum, a nested call, a
-    result of grad_fn) or ``tensor`` is not floating of the mask's shape."""
-    if not isinstance(tensor, tf.Tensor) or not (tensor.dtype.is_floating or tensor.dtype.is_complex):
-        return None
+    """Where ``tensor`` is kept, once every op of grad_fn that reads it has said (``mask``, of its shape, is one
+    reader's): the union of their masks; None until then, and for ever where a reader masks nothing (a sum, a
+    nested call, a result of grad_fn)."""
     ref = tensor.ref()
-    if ref in state.results or not _same_shape(tensor, mask):
-        return None
     arrived = state.arrived.setdefault(ref, [])
     arrived.append(mask)
     if len(arrived) != state.ops.consumers.get(ref, 0):
@@ -139,45 +157,70 @@ def _kept_by_every_reader(state: _Transpose, tensor: Any, mask: tf.Tensor) -> tf
     return functools.reduce(tf.logical_or, arrived)
 
 
-def _mask(state: _Transpose, tensor: Any, mask: tf.Tensor) -> None:
-    """One reader of ``tensor`` keeps it where ``mask`` holds. Once all have, the op that made it (and those before
-    it that pass the cotangent on) is marked kept where any of them keeps it; a select before it narrows the mask
-    by its own condition. An op is marked only where no other op of its kind read the same inputs."""
-    kept = _kept_by_every_reader(state, tensor, mask)
-    producer = state.ops.producers.get(tensor.ref()) if kept is not None else None
-    if kept is None or producer is None or state.ops.made.get(_key(*producer)) != 1:
+def _mask(state: _Transpose, tensor: Any, mask: tf.Tensor, out: tf.Tensor) -> None:
+    """One reader of ``tensor``, whose result ``out`` it reaches, keeps it where ``mask`` (over ``out``) holds. Once
+    all have, the op that made it (and those before it that pass the cotangent on) is marked kept where any of them
+    keeps it; a select before it narrows the mask by its own condition. An op is marked only where no other op of
+    its kind read the same inputs, and only a floating ``tensor`` that is not a result of grad_fn."""
+    if not isinstance(tensor, tf.Tensor) or not (tensor.dtype.is_floating or tensor.dtype.is_complex) \
+            or tensor.ref() in state.results:  # (a tape keeps None for an input it needs no value of)
+        return
+    producer = state.ops.producers.get(tensor.ref())
+    if producer is None or producer[0] not in _SELECTS | _PASSING | set(_SCALING) \
+            or state.ops.made.get(_key(*producer)) != 1:
+        return
+    kept = _kept_by_every_reader(state, tensor, _onto(mask, out, tensor))
+    if kept is None:
         return
     op_type, inputs = producer
     if op_type in _SELECTS:
-        if _same_shape(inputs[0], kept):
-            _mask(state, inputs[1], tf.logical_and(inputs[0], kept))
-            _mask(state, inputs[2], tf.logical_and(tf.logical_not(inputs[0]), kept))
-        return
-    if op_type not in _PASSING and op_type not in _SCALING:
+        _select_operands(state, op_type, inputs, tensor, kept)
         return
     state.masks[_key(*producer)] = kept
     for index in _CARRYING.get(op_type, range(len(inputs))):
-        _mask(state, inputs[index], kept)
+        _mask(state, inputs[index], kept, tensor)
 
 
-def _selected(state: _Transpose, op: Any) -> None:
-    """A select's gradient: its operands kept where it keeps them."""
-    if _same_shape(op.inputs[0], op.inputs[1]):
-        _mask(state, op.inputs[1], op.inputs[0])
-    if _same_shape(op.inputs[0], op.inputs[2]):
-        _mask(state, op.inputs[2], tf.logical_not(op.inputs[0]))
+def _select_operands(state: _Transpose, op_type: str, inputs: Any, out: tf.Tensor,
+                     kept: tf.Tensor | None = None) -> None:
+    """A select's operands kept where it keeps them (and where ``kept``, the mask over its result, holds).
+    ``SelectV2`` broadcasts; ``Select`` (TF1's ``where``) picks rows by a condition of rank 1 (``_picks_rows``),
+    and is not read there."""
+    condition, *operands = inputs
+    if not isinstance(condition, tf.Tensor):  # (a tape keeps None for an input it needs no value of)
+        return
+    if op_type == "Select" and any(_picks_rows(condition, o) for o in operands if isinstance(o, tf.Tensor)):
+        return
+    for operand, where in zip(operands, (condition, tf.logical_not(condition)), strict=True):
+        _mask(state, operand, where if kept is None else tf.logical_and(where, kept), out)
+
+
+def _picks_rows(condition: tf.Tensor, operand: tf.Tensor) -> bool:
+    """Whether TF1's ``Select`` may pick ``operand``'s rows by a vector ``condition``, which is not broadcasting (or
+    the ranks are unknown while tracing)."""
+    ranks = condition.shape.rank, operand.shape.rank
+    return None in ranks or (ranks[0] == 1 and ranks[1] > 1)
 
 
 def _scaled(op_type: str, op: Any, grad: tf.Tensor, result: list[Any], mask: tf.Tensor) -> tuple[Any, ...]:
     """A masked product's or quotient's gradients: TensorFlow's where kept, +0.0 where discarded, with the
-    coefficient replaced there (the double where), so that no derivative of them meets it either."""
+    coefficient replaced there (the double where), so that no derivative of them meets it either. ``mask`` is over
+    the op's result (``grad``'s shape); an operand broadcast into it gets the masked gradient summed back, as
+    TensorFlow sums it."""
+    out = grad
     for index in _CARRYING[op_type]:
-        if result[index] is None or not _same_shape(op.inputs[index], mask):
+        operand = op.inputs[index]
+        if result[index] is None or not isinstance(operand, tf.Tensor) \
+                or not isinstance(op.inputs[1 - index], tf.Tensor):
             continue
         coefficient = tf.math.conj(op.inputs[1 - index])
         coefficient = tf.where(mask, coefficient, tf.cast(_SCALING[op_type], coefficient.dtype))
         product = grad * coefficient if op_type == "Mul" else grad / coefficient
-        result[index] = tf.where(mask, product, tf.zeros([], product.dtype))
+        masked = tf.where(mask, product, tf.zeros([], product.dtype))
+        if not _same_shape(operand, out):
+            masked = tf.reshape(tf.reduce_sum(masked, _broadcast_axes(operand, out), keepdims=True),
+                                tf.shape(operand))
+        result[index] = masked
     return tuple(result)
 
 
@@ -188,11 +231,13 @@ def _masked_gradient(op_type: str, original: Callable[..., Any]) -> Callable[...
         result = original(op, *grads)
         if state is None or op.inputs is None:
             return result
-        if op_type in _SELECTS:
-            _selected(state, op)
+        if not isinstance(grads[0], tf.Tensor):
+            return result
+        if op_type in _SELECTS:  # (the cotangent has the result's shape: eagerly a tape keeps no outputs)
+            _select_operands(state, op_type, list(op.inputs), grads[0])
             return result
         mask = state.masks.get(_key(op_type, op.inputs))
-        if mask is None or op_type in _PASSING or not isinstance(grads[0], tf.Tensor):
+        if mask is None or op_type in _PASSING:
             return result
         return _scaled(op_type, op, grads[0], list(result), mask)
 

@@ -212,3 +212,38 @@ def test_a_plain_norm_in_f_keeps_its_own_derivative_at_a_zero_row_at_order_2():
     nan[:, :, 1, :] = True  # (every gradient element, in the zero row: the norm's pullback there is 0·inf)
     np.testing.assert_array_equal(np.isnan(got), nan)
     assert (np.asarray(jax.hessian(lambda x: jnp.sum(f(x)))(x))[1] == 0).all()
+
+
+def _unit_rows(x):  # rows scaled to unit length: jnp.where broadcasts the condition (n, 1) after the quotient (n, d)
+    r = jnp.linalg.norm(x, axis=-1, keepdims=True)
+    y = jnp.where(r > 0, x / jnp.where(r > 0, r, 1.0), 0.0)
+    return y, lambda g: (jnp.where(r > 0, (g - y * jnp.sum(g * y, -1, keepdims=True)) / r, 0.0),)
+
+
+def _unit_rows_product(x, t):
+    """J·t of ``_unit_rows``' declared Jacobian, (I − yyᵀ)/r on each row, 0 on a zero row."""
+    r = np.linalg.norm(x, axis=-1, keepdims=True)
+    y = x / np.where(r > 0, r, 1.0)
+    return np.where(r > 0, (t - y * (t * y).sum(-1, keepdims=True)) / np.where(r > 0, r, 1.0), 0.0)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("transform", ["jvp", "jit(jvp)", "vmap(jvp)", "jacfwd"])
+def test_a_condition_broadcast_after_the_quotient_keeps_the_declared_zero(order, transform):
+    """``jnp.where`` broadcasts its condition after the quotient it selects is made, so the select's own
+    predicate came too late to mask the division (NaN at a zero row): it is made again there from the condition."""
+    f = sgm.custom_gradient(_unit_rows, order=order)
+    for k in range(3):
+        x = jnp.asarray(ROWS * (np.arange(3) != k)[:, None])
+        t = jnp.linspace(-1.0, 2.0, x.size).reshape(x.shape)
+        if transform == "jacfwd":
+            got = np.einsum("ijkl,kl->ij", jax.jacfwd(f)(x), t)
+        elif transform == "vmap(jvp)":
+            got = jax.vmap(lambda x, t: jax.jvp(f, (x,), (t,))[1])(jnp.stack([x, x]), jnp.stack([t, 2.0 * t]))[1] / 2
+        else:
+            tangent_of = lambda x, t: jax.jvp(f, (x,), (t,))[1]  # noqa: E731
+            got = (jax.jit(tangent_of) if transform == "jit(jvp)" else tangent_of)(x, t)
+        np.testing.assert_allclose(got, _unit_rows_product(np.asarray(x), np.asarray(t)), rtol=1e-14, atol=1e-16,
+                                   err_msg=f"zero row {k}")
+        np.testing.assert_allclose(jax.vjp(f, x)[1](t)[0], _unit_rows_product(np.asarray(x), np.asarray(t)),
+                                   rtol=1e-14, atol=1e-16)

@@ -945,7 +945,7 @@ def _tf_selects_unmasked(original):
     """TensorFlow's J·v transposing a guarded division as written (issue 77): the select's gradient runs before the
     division's, and ``tf.where(x > 0, dy / x, 0)`` gives NaN in forward mode at x = 0, where the declared element
     is 0."""
-    return lambda state, tensor, mask: None
+    return lambda state, tensor, mask, out: None
 
 
 def _tf_readers_uncounted(original):
@@ -967,6 +967,28 @@ def _tf_readers_intersected(original):
     import tensorflow as tf
 
     return type("Functools", (), {"reduce": staticmethod(lambda _, items: functools.reduce(tf.logical_and, items))})
+
+
+def _tf_broadcast_selects_unmasked(original):
+    """TensorFlow masking a select's operands only where they have its condition's static shape (issue 77): a row
+    normalization's ``tf.where(r > 0, (dy − …) / r, 0)``, its condition one element a row, gives NaN in forward mode
+    at a zero row, and so does every select under an input signature of unknown shapes."""
+    def select_operands(state, op_type, inputs, out, kept=None):
+        condition, operand = inputs[0].shape, inputs[1].shape
+        if condition.is_fully_defined() and condition == operand:
+            original(state, op_type, inputs, out, kept)
+    return select_operands
+
+
+def _jax_broadcast_predicates_unmasked(original):
+    """JAX masking a select only where its own predicate is made before the quotient (issue 77): ``jnp.where``
+    broadcasts a condition of one element a row after the quotient it selects, and a row normalization's VJP gives
+    NaN in forward mode at a zero row."""
+    class Graph(original):
+        def mask(self, predicate, case, count):
+            return masked_selects_jax._Mask(predicate, case, count)
+    import stopgrad_math.jax.masked_selects as masked_selects_jax
+    return Graph
 
 
 def _jax_divisors_unmasked(original):
@@ -1156,6 +1178,13 @@ MUTANTS = {
         "stopgrad_math.tensorflow.masked_selects", "functools", _tf_readers_intersected,
         ("tests/tensorflow/test_masked_selects.py::test_a_quotient_read_by_two_selects_is_kept_where_either_keeps_"
          "it",)),
+    "TensorFlow masks a select's operands only where they have its condition's static shape": Mutant(
+        "stopgrad_math.tensorflow.masked_selects", "_select_operands", _tf_broadcast_selects_unmasked,
+        ("tests/tensorflow/test_masked_selects.py::test_a_condition_that_broadcasts_and_shapes_unknown_while_"
+         "tracing_keep_the_declared_zero",)),
+    "JAX masks a select only where its own predicate is made before the quotient": Mutant(
+        "stopgrad_math.jax.masked_selects", "_Graph", _jax_broadcast_predicates_unmasked,
+        ("tests/jax/test_masked_selects.py::test_a_condition_broadcast_after_the_quotient_keeps_the_declared_zero",)),
     "JAX's reverse over reverse differentiates a discarded quotient through its divisor": Mutant(
         "stopgrad_math.jax.masked_selects", "masked", _jax_divisors_unmasked,
         ("tests/jax/test_masked_selects.py::test_second_derivatives_at_order_2_give_the_guarded_point_zero",)),

@@ -201,3 +201,43 @@ def test_tf1_gradients_give_the_declared_gradient(rule, extra, order):
         want = np.where(x > 0, 1.0 + extra, extra) / x if rule else np.where(x > 0, 1.0 / np.where(x > 0, x, 1), 0.0)
     np.testing.assert_allclose(got, np.where(np.isnan(want), got, want), rtol=2e-6)
     assert np.array_equal(np.isnan(got), np.isnan(want))
+
+
+def _unit_rows(x):  # rows scaled to unit length: the select's condition (n, 1) and the division broadcast to (n, d)
+    r = tf.norm(x, axis=-1, keepdims=True)
+    y = tf.where(r > 0, x / tf.where(r > 0, r, 1.0), 0.0)
+    return y, lambda dy: tf.where(r > 0, (dy - y * tf.reduce_sum(dy * y, -1, keepdims=True)) / r, 0.0)
+
+
+def _unit_rows_product(x, t):
+    """J·t of ``_unit_rows``' declared Jacobian, (I − yyᵀ)/r on each row, 0 on a zero row (symmetric: Jᵀ too)."""
+    x, t = x.astype(np.float64), t.astype(np.float64)
+    r = np.linalg.norm(x, axis=-1, keepdims=True)
+    y = x / np.where(r > 0, r, 1.0)
+    return np.where(r > 0, (t - y * (t * y).sum(-1, keepdims=True)) / np.where(r > 0, r, 1.0), 0.0)
+
+
+def _in_shape_mode(fn, mode):
+    """``in_mode``, and "graph, unknown shapes": traced for every shape of rank 2 (nothing known while tracing)."""
+    if mode != "graph, unknown shapes":
+        return in_mode(fn, mode)
+    return tf.function(fn, input_signature=[tf.TensorSpec([None, None], tf.float32)] * 2)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("mode", [*MODES, "graph, unknown shapes"])
+def test_a_condition_that_broadcasts_and_shapes_unknown_while_tracing_keep_the_declared_zero(mode, order):
+    """The select's condition has one element a row and the quotient one a row's element, broadcast, and under an
+    input signature of unknown shapes nothing is known while tracing: the masks are broadcast and reduced as
+    TensorFlow's gradients broadcast and reduce (the forward tangent at a zero row was NaN in each). Reverse mode
+    too, which at order 1 in a graph transposes that masked J·v."""
+    fn = sgm.custom_gradient(_unit_rows, order=order)
+    tangent_of = _in_shape_mode(lambda x, t: jvp(fn, x, t), mode)
+    gradient_of = _in_shape_mode(lambda x, u: vjp(fn, x, u), mode)
+    for k in range(3):
+        x = ROWS * (np.arange(3) != k)[:, None]
+        t = np.linspace(0.5, 1.5, x.size, dtype=np.float32).reshape(x.shape)
+        want = _unit_rows_product(x, t)
+        for got in (tangent_of(tf.constant(x), tf.constant(t)), gradient_of(tf.constant(x), tf.constant(t))):
+            np.testing.assert_allclose(got.numpy(), want, rtol=2e-6, atol=1e-7, err_msg=f"zero row {k}")
+            assert not np.signbit(got.numpy()[k]).any() or order == 1  # (order 1's reverse mode: −grad_fn(−ȳ))

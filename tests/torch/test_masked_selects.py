@@ -223,3 +223,38 @@ def test_a_functions_double_backward_at_a_zero_row_is_the_mechanisms():
     torch.testing.assert_close(_second_derivative(SafeNorm.apply, x, "create_graph"), expected, rtol=1e-14,
                                atol=1e-15)
     assert not expected.isnan().any()
+
+
+def _unit_rows(x):  # rows scaled to unit length: the where's condition (n, 1) broadcast over the quotient (n, d)
+    r = x.norm(dim=-1, keepdim=True)
+    y = torch.where(r > 0, x / torch.where(r > 0, r, 1.0), 0.0)
+    return y, lambda g: torch.where(r > 0, (g - y * (g * y).sum(-1, keepdim=True)) / r, 0.0)
+
+
+def _unit_rows_product(x, t):
+    """J·t of ``_unit_rows``' declared Jacobian, (I − yyᵀ)/r on each row, 0 on a zero row."""
+    r = x.norm(dim=-1, keepdim=True)
+    y = x / torch.where(r > 0, r, 1.0)
+    return torch.where(r > 0, (t - y * (t * y).sum(-1, keepdim=True)) / torch.where(r > 0, r, 1.0), 0.0)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("mode", ["torch.func.jvp", "forward_ad", "vmap(jvp)", "jacfwd"])
+def test_a_condition_that_broadcasts_over_the_quotient_keeps_the_declared_zero(order, mode):
+    """The where's condition has one element a row and the quotient it discards one a row's element (the shape of
+    a row normalization's backward, which gave NaN at a zero row on TensorFlow and JAX)."""
+    f = sgm.custom_gradient(_unit_rows, order=order)
+    for k in range(3):
+        x = ROWS * (torch.arange(3) != k)[:, None]
+        t = torch.linspace(-1.0, 2.0, x.numel(), dtype=torch.float64).reshape(x.shape)
+        if mode == "torch.func.jvp":
+            got = torch.func.jvp(f, (x,), (t,))[1]
+        elif mode == "forward_ad":
+            got = _forward_ad(f, x, t)
+        elif mode == "jacfwd":
+            got = torch.einsum("ijkl,kl->ij", torch.func.jacfwd(f)(x), t)
+        else:
+            got = torch.func.vmap(lambda x, t: torch.func.jvp(f, (x,), (t,))[1])(
+                torch.stack([x, x]), torch.stack([t, 2.0 * t]))[1] / 2
+        torch.testing.assert_close(got, _unit_rows_product(x, t), rtol=1e-14, atol=1e-16, msg=f"zero row {k}")
+        torch.testing.assert_close(torch.func.vjp(f, x)[1](t)[0], _unit_rows_product(x, t), rtol=1e-14, atol=1e-16)
