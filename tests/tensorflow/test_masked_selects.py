@@ -241,3 +241,22 @@ def test_a_condition_that_broadcasts_and_shapes_unknown_while_tracing_keep_the_d
         for got in (tangent_of(tf.constant(x), tf.constant(t)), gradient_of(tf.constant(x), tf.constant(t))):
             np.testing.assert_allclose(got.numpy(), want, rtol=2e-6, atol=1e-7, err_msg=f"zero row {k}")
             assert not np.signbit(got.numpy()[k]).any() or order == 1  # (order 1's reverse mode: −grad_fn(−ȳ))
+
+
+def test_forward_mode_through_a_traced_call_at_order_2_is_the_documented_nan():
+    """The limit (docs/tensorflow.md): forward mode through a call of a tf.function (an accumulator outside it, or
+    inside another function around the call) is TensorFlow's transpose of the called function's backward, taken
+    twice, and at order 2 that backward is grad_fn's ops as written, so the select's discarded 0 / 0 comes back NaN;
+    order 1's J·v, made with the masks, gives the declared 0 there, and order 2 gives it where the decorated call is
+    traced in the accumulator's own function."""
+    def rule(x):
+        return tf.math.log(tf.maximum(x, 1e-30)), lambda dy: tf.where(x > 0, dy / x, tf.zeros_like(x))
+
+    x, tangent = tf.constant([0.0, 1.0, 2.0]), tf.constant([1.0, 1.0, 1.0])
+    for order, through_a_call in ((1, 0.0), (2, np.nan)):
+        decorated = sgm.custom_gradient(rule, order=order)
+        called = tf.function(decorated)
+        for got in (jvp(called, x, tangent), tf.function(lambda x, t, called=called: jvp(called, x, t))(x, tangent)):
+            np.testing.assert_array_equal(got.numpy(), [through_a_call, 1.0, 0.5])
+        inline = tf.function(lambda x, t, decorated=decorated: jvp(decorated, x, t))(x, tangent)
+        np.testing.assert_array_equal(inline.numpy(), [0.0, 1.0, 0.5])
