@@ -163,6 +163,40 @@ def _keras_weights(activation, distributed):
         keras.config.set_floatx("float32")
 
 
+_SPD = np.array([[4.0, 1.0], [1.0, 3.0]])
+
+
+def _cg_steps(matvec, b):
+    """Two CG steps by hand, no tolerance: exact for a 2×2 symmetric positive definite operator, 0/0 at b = 0."""
+    x, r = jnp.zeros_like(b), b
+    p = r
+    for _ in range(2):
+        applied = matvec(p)
+        alpha = (r @ r) / (p @ applied)
+        x, r_next = x + alpha * p, r - alpha * applied
+        p, r = r_next + (r_next @ r_next) / (r @ r) * p, r_next
+    return x
+
+
+def test_a_declared_solve_inside_shard_map_gives_zero_on_a_device_whose_right_hand_side_is_zero():
+    """``linear_solve`` inside shard_map, one right-hand side a device, four of them zero (issue 78's guard, a cond on
+    each device's own b): the solution where b is not zero and 0 where it is, in value, in a zero tangent, in the
+    gradient of a zero loss, and a weighted gradient (A⁻ᵀw per device), against NumPy's solve."""
+    mesh = _mesh((8,), ("data",))
+    rows = np.array([[1.0, 2.0]] * 4 + [[0.0, 0.0]] * 4)
+    solved = shard_map(lambda bs: sgm.linear_solve(lambda v: jnp.asarray(_SPD) @ v, bs[0], _cg_steps,
+                                                   symmetric=True)[None], mesh=mesh, in_specs=P("data"),
+                       out_specs=P("data"))
+    bs = jax.device_put(jnp.asarray(rows), NamedSharding(mesh, P("data")))
+    assert np.isnan(_cg_steps(lambda v: jnp.asarray(_SPD) @ v, jnp.zeros(2))).all()  # the solver itself at b = 0
+    np.testing.assert_allclose(jax.jit(solved)(bs), np.linalg.solve(_SPD, rows.T).T, rtol=1e-13, atol=0)
+    np.testing.assert_array_equal(jax.jit(lambda t: jax.jvp(solved, (bs,), (t,))[1])(jnp.zeros_like(bs)), 0.0)
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda bs: 0.0 * jnp.sum(solved(bs))))(bs), 0.0)
+    weights = np.arange(8.0)[:, None] * np.ones((1, 2))
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda bs: jnp.sum(solved(bs) * weights)))(bs),
+                               np.linalg.solve(_SPD.T, weights.T).T, rtol=1e-13, atol=1e-15)
+
+
 @pytest.mark.parametrize("form", ["identity form", "decorator"])
 def test_keras_fit_under_data_parallel(form):
     """model.fit with keras.distribution.DataParallel over the 8 devices, log1pexp as the activation through

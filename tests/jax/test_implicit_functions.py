@@ -217,6 +217,8 @@ def test_a_zero_cotangent_or_tangent_gives_zero_where_the_solver_gives_nan_at_ze
     np.testing.assert_array_equal(jax.jit(lambda t: jax.jvp(implicit, (2.0,), (t,))[1])(0.0), np.zeros(5))
     rows = jnp.stack([jnp.zeros(5), jnp.ones(5), jnp.zeros(5)])  # under vmap, a zero row beside one that is not
     np.testing.assert_allclose(jax.vmap(lambda ct: pullback(ct)[0])(rows), [0.0, truth.sum(), 0.0], rtol=1e-9)
+    scanned = jax.jit(lambda rows: jax.lax.scan(lambda carry, ct: (carry, pullback(ct)[0]), 0.0, rows)[1])
+    np.testing.assert_allclose(scanned(rows), [0.0, truth.sum(), 0.0], rtol=1e-9)  # the cond in a scan's body
     np.testing.assert_allclose(jax.hessian(lambda lam: jnp.sum(implicit(lam) ** 2))(2.0),
                                jax.hessian(lambda lam: jnp.sum(_closed_form(lam) ** 2))(2.0), rtol=1e-8)
     solved = lambda b: sgm.linear_solve(lambda v: symmetric @ v, b, _cg_steps, symmetric=True)  # noqa: E731
