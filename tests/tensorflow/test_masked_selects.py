@@ -248,7 +248,7 @@ def test_forward_mode_through_a_traced_call_at_order_2_is_the_documented_nan():
     inside another function around the call) is TensorFlow's transpose of the called function's backward, taken
     twice, and at order 2 that backward is grad_fn's ops as written, so the select's discarded 0 / 0 comes back NaN;
     order 1's J·v, made with the masks, gives the declared 0 there, and order 2 gives it where the decorated call is
-    traced in the accumulator's own function."""
+    traced in the accumulator's own function. tf.custom_gradient gives the same NaN through a traced call."""
     def rule(x):
         return tf.math.log(tf.maximum(x, 1e-30)), lambda dy: tf.where(x > 0, dy / x, tf.zeros_like(x))
 
@@ -260,3 +260,5 @@ def test_forward_mode_through_a_traced_call_at_order_2_is_the_documented_nan():
             np.testing.assert_array_equal(got.numpy(), [through_a_call, 1.0, 0.5])
         inline = tf.function(lambda x, t, decorated=decorated: jvp(decorated, x, t))(x, tangent)
         np.testing.assert_array_equal(inline.numpy(), [0.0, 1.0, 0.5])
+    anchor = jvp(tf.function(tf.custom_gradient(rule)), x, tangent)  # the mechanism's, through the same transposes
+    np.testing.assert_array_equal(anchor.numpy(), [np.nan, 1.0, 0.5])
