@@ -279,6 +279,23 @@ def test_a_zero_upstream_or_tangent_gives_zero_where_the_solver_gives_nan_at_zer
                                tf.reduce_sum(_jacobian(_closed_form, lam)), rtol=1e-9)
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf.function"])
+def test_a_zero_upstream_on_one_replica_gives_zero_there_under_a_mirrored_strategy(traced):
+    """Two replicas, one whose upstream is zero (a loss that does not read z there) and one whose is ones: 0 on the
+    first, the closed form's gradient on the second; each replica's declared solve checks its own b."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    ridge = sgm.custom_root(_optimality, _cg_five_steps)(lambda init, lam: _closed_form(lam))
+
+    def replica(lam):
+        scale = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, _DOUBLE)
+        return vjp(lambda lam: ridge(tf.zeros(5, _DOUBLE), lam), lam, scale * tf.ones(5, _DOUBLE))
+
+    run = lambda lam: strategy.run(replica, (lam,))  # noqa: E731
+    got = strategy.experimental_local_results((tf.function(run) if traced else run)(tf.constant(2.0, _DOUBLE)))
+    np.testing.assert_array_equal(got[0], 0.0)
+    np.testing.assert_allclose(got[1], tf.reduce_sum(_jacobian(_closed_form, tf.constant(2.0, _DOUBLE))), rtol=1e-9)
+
+
 def test_a_zero_upstream_in_a_tf1_graph_gives_zero():
     ridge = sgm.custom_root(_optimality, _cg_five_steps)(lambda init, lam: _closed_form(lam))
     with tf.Graph().as_default():
