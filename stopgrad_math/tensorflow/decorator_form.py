@@ -268,7 +268,14 @@ def _recorded_order_2(plan: Plan, probe: Probe | None, route: transposition.Rout
         if _one_tape_alone(plan):
             return recorded_term.attached(plan, _unasked_tangents)
         probe = evaluation.probe(plan, persistent=True)
-    return recorded_term.attached(plan, lambda tangents: _TERMS[route](plan, probe, _Along(tangents)))
+    terms = lambda tangents: _TERMS[route](plan, probe, _Along(tangents))  # noqa: E731
+    if route is transposition.Route.TRANSPOSE and probe is not None and not tf.executing_eagerly() \
+            and probe.masks_a_select():
+        # A traced call's JVP is TensorFlow's transpose of its backward, taken twice, through the registered
+        # gradients, where grad_fn's ops as written give a discarded 0 / 0 back as NaN: the backward is then the
+        # masked J·v transposed back.
+        return recorded_term.attached(plan, terms, probe.transposed_back)
+    return recorded_term.attached(plan, terms)
 
 
 def _unasked_tangents(tangents: dict[str, tf.Tensor]) -> dict[int, list[tf.Tensor]]:

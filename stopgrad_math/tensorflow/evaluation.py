@@ -188,6 +188,7 @@ class Probe:
     reached: list[bool]  # per gradient: whether the tape records it from the upstream
     first_op: int  # in a graph: where grad_fn's ops begin
     ops: masked_selects.GradFnOps  # what grad_fn's ops read and made
+    masked: bool = False  # whether a transpose taken so far masked an op
 
     @property
     def watched(self) -> list[tf.Tensor]:
@@ -209,10 +210,38 @@ class Probe:
             return [None] * len(self.upstreams)
         try:
             results = [g.values for g in gradients]
-            with masked_selects.transposing(self.ops, results):
-                return list(self.tape.gradient(results, self.watched, output_gradients=vectors))
+            with masked_selects.transposing(self.ops, results) as masked:
+                products = list(self.tape.gradient(results, self.watched, output_gradients=vectors))
+                self.masked = self.masked or masked()
+                return products
         except LookupError as error:
             raise Untransposable(str(error)) from error
+
+    def masks_a_select(self) -> bool:
+        """Whether grad_fn's transpose masks a select's discarded elements (``masked_selects``): its J·v, formed
+        once while tracing (ops no output reads, which the graph's optimizer drops), masked an op."""
+        if not self.masked and self.connected:
+            self.transposed(self.connected, [tf.zeros_like(g.values) for g in self.connected])
+        return self.masked
+
+    def transposed_back(self, upstreams: dict[int, tf.Tensor]) -> list[Gradient]:
+        """grad_fn(upstreams) as the transpose of its masked J·v (``transposed``), for a backward that TensorFlow
+        transposes again by its own registered gradients (a traced call's JVP): made of the masked ops, whose
+        transposes keep a discarded element 0, where grad_fn's ops as written give its 0 / 0 back as NaN. The same
+        values, but at the discarded elements, where each is +0.0."""
+        connected = self.connected
+        vectors = [tf.zeros_like(g.values) for g in connected]
+        products = self.transposed(connected, vectors)
+        pairs = [(tf.convert_to_tensor(p), upstreams[i]) for i, p in zip(self.upstreams, products, strict=True)
+                 if p is not None]
+        # tf.gradients, not a tape: TensorFlow calls a backward with its tapes paused where it forms a traced
+        # call's JVP, and a tape made there records nothing (its gradient was 0).
+        back = tf.gradients([p for p, _ in pairs], vectors, grad_ys=[u for _, u in pairs],
+                            unconnected_gradients=tf.UnconnectedGradients.ZERO) if pairs else [
+            tf.zeros_like(v) for v in vectors]
+        unreached = [Gradient(g.component, tf.zeros_like(g.values), g.indices)
+                     for g, r in zip(self.gradients, self.reached, strict=True) if not r]
+        return [Gradient(g.component, b, g.indices) for g, b in zip(connected, back, strict=True)] + unreached
 
 
 def probe(plan: Plan, persistent: bool, watch: bool = True) -> Probe:

@@ -107,11 +107,13 @@ def recording_ops() -> Iterator[GradFnOps]:
 
 
 @contextlib.contextmanager
-def transposing(ops: GradFnOps, results: list[tf.Tensor]) -> Iterator[None]:
-    """The tape's gradients taken in the block keep a select's discarded elements zero (the module's rule)."""
-    token = _ACTIVE.set(_Transpose(ops, {t.ref() for t in results if isinstance(t, tf.Tensor)}))
+def transposing(ops: GradFnOps, results: list[tf.Tensor]) -> Iterator[Callable[[], bool]]:
+    """The tape's gradients taken in the block keep a select's discarded elements zero (the module's rule). Yields
+    whether any op was masked so far."""
+    state = _Transpose(ops, {t.ref() for t in results if isinstance(t, tf.Tensor)})
+    token = _ACTIVE.set(state)
     try:
-        yield
+        yield lambda: bool(state.masks)
     finally:
         _ACTIVE.reset(token)
 

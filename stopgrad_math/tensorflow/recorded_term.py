@@ -39,10 +39,11 @@ Terms = dict[int, list[tf.Tensor]]
 _REGISTERED = itertools.count()  # a graph's backward is registered by a fresh name per traced call
 
 
-def attached(plan: Plan, order_1_terms: Callable[[dict[str, tf.Tensor]], Terms]) -> Any:
+def attached(plan: Plan, order_1_terms: Callable[[dict[str, tf.Tensor]], Terms],
+             gradients_at: Callable[[dict[int, tf.Tensor]], list[Gradient]] | None = None) -> Any:
     """f's value with the recorded term on each differentiable output. ``order_1_terms(ẋ)`` gives the tangents
     of the order-1 terms at the tangents ẋ (by component name): the forward function, called only where an
-    accumulator asks."""
+    accumulator asks. ``gradients_at``: the backward's grad_fn(upstreams), by default ``plan.gradients_at``."""
     outputs = [plan.outputs.components[i] for i in plan.outputs.differentiable]
     arguments = [plan.arguments.components[i] for i in plan.arguments.differentiable] + plan.variables
     inputs = [c.tensor for c in arguments]
@@ -51,7 +52,7 @@ def attached(plan: Plan, order_1_terms: Callable[[dict[str, tf.Tensor]], Terms])
     def backward(*upstreams: tf.Tensor | None) -> list[Any]:
         dense = {i: tf.zeros_like(zeros[k]) if u is None else u
                  for k, (i, u) in enumerate(zip(plan.outputs.differentiable, upstreams, strict=True))}
-        return by_input(plan.gradients_at(dense), arguments)
+        return by_input((gradients_at or plan.gradients_at)(dense), arguments)
 
     def forward(*tangents: tf.Tensor | None) -> list[tf.Tensor]:
         moving = {c.name: tf.zeros_like(x) if t is None else t for c, x, t in zip(arguments, inputs, tangents,

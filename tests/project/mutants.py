@@ -980,6 +980,15 @@ def _tf_broadcast_selects_unmasked(original):
     return select_operands
 
 
+def _tf_order_2_backward_unmasked(original):
+    """TensorFlow's order-2 backward in a graph as grad_fn's ops as written (issue 77): forward mode through a call
+    of a tf.function transposes it twice, and a guarded select's discarded 0 / 0 comes back NaN."""
+    class Probe(original):
+        def masks_a_select(self):
+            return False
+    return Probe
+
+
 def _jax_broadcast_predicates_unmasked(original):
     """JAX masking a select only where its own predicate is made before the quotient (issue 77): ``jnp.where``
     broadcasts a condition of one element a row after the quotient it selects, and a row normalization's VJP gives
@@ -1182,6 +1191,9 @@ MUTANTS = {
         "stopgrad_math.tensorflow.masked_selects", "_select_operands", _tf_broadcast_selects_unmasked,
         ("tests/tensorflow/test_masked_selects.py::test_a_condition_that_broadcasts_and_shapes_unknown_while_"
          "tracing_keep_the_declared_zero",)),
+    "TensorFlow's order-2 backward in a graph is grad_fn's ops as written where its transpose masks a select": Mutant(
+        "stopgrad_math.tensorflow.evaluation", "Probe", _tf_order_2_backward_unmasked,
+        ("tests/tensorflow/test_masked_selects.py::test_forward_mode_through_a_traced_call_keeps_the_declared_zero",)),
     "JAX masks a select only where its own predicate is made before the quotient": Mutant(
         "stopgrad_math.jax.masked_selects", "_Graph", _jax_broadcast_predicates_unmasked,
         ("tests/jax/test_masked_selects.py::test_a_condition_broadcast_after_the_quotient_keeps_the_declared_zero",)),

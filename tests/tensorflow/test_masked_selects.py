@@ -243,22 +243,34 @@ def test_a_condition_that_broadcasts_and_shapes_unknown_while_tracing_keep_the_d
             assert not np.signbit(got.numpy()[k]).any() or order == 1  # (order 1's reverse mode: −grad_fn(−ȳ))
 
 
-def test_forward_mode_through_a_traced_call_at_order_2_is_the_documented_nan():
-    """The limit (docs/tensorflow.md): forward mode through a call of a tf.function (an accumulator outside it, or
-    inside another function around the call) is TensorFlow's transpose of the called function's backward, taken
-    twice, and at order 2 that backward is grad_fn's ops as written, so the select's discarded 0 / 0 comes back NaN;
-    order 1's J·v, made with the masks, gives the declared 0 there, and order 2 gives it where the decorated call is
-    traced in the accumulator's own function. tf.custom_gradient gives the same NaN through a traced call."""
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("case", CASES)
+def test_forward_mode_through_a_traced_call_keeps_the_declared_zero(case, order):
+    """Forward mode through a call of a tf.function (an accumulator outside it, or inside another function around
+    the call) is TensorFlow's transpose of the called function's backward, taken twice. At order 2 that backward
+    was grad_fn's ops as written, and the select's discarded 0 / 0 came back NaN (as tf.custom_gradient's does
+    there); it is now the masked J·v transposed back. Order 1's J·v is made with the masks."""
+    rule, _, points = CASES[case]
+    called = tf.function(sgm.custom_gradient(rule, order=order))
+    nested = tf.function(lambda x, t: jvp(called, x, t))
+    for k in range(3):
+        x = points(k).astype(np.float32)
+        tangent = np.linspace(0.5, 1.5, x.size, dtype=np.float32).reshape(x.shape)
+        for got in (jvp(called, tf.constant(x), tf.constant(tangent)), nested(tf.constant(x), tf.constant(tangent))):
+            np.testing.assert_allclose(got.numpy(), _tangent_truth(case, x, tangent), rtol=2e-6, atol=0,
+                                       err_msg=f"{case}, {k}")
+
+
+def test_a_traced_calls_second_derivative_at_order_2_is_the_declared_gradients_jacobian():
+    """Forward over reverse through a traced call (the tape in a tf.function, the accumulator outside): the Jacobian
+    of the declared gradient where(x > 0, 1/x, 0), −t/x² and 0 at x = 0, as tf.custom_gradient's (TensorFlow's
+    forward mode of grad_fn's select there), where the first derivative through a traced call is NaN for it."""
     def rule(x):
         return tf.math.log(tf.maximum(x, 1e-30)), lambda dy: tf.where(x > 0, dy / x, tf.zeros_like(x))
 
-    x, tangent = tf.constant([0.0, 1.0, 2.0]), tf.constant([1.0, 1.0, 1.0])
-    for order, through_a_call in ((1, 0.0), (2, np.nan)):
-        decorated = sgm.custom_gradient(rule, order=order)
-        called = tf.function(decorated)
-        for got in (jvp(called, x, tangent), tf.function(lambda x, t, called=called: jvp(called, x, t))(x, tangent)):
-            np.testing.assert_array_equal(got.numpy(), [through_a_call, 1.0, 0.5])
-        inline = tf.function(lambda x, t, decorated=decorated: jvp(decorated, x, t))(x, tangent)
-        np.testing.assert_array_equal(inline.numpy(), [0.0, 1.0, 0.5])
-    anchor = jvp(tf.function(tf.custom_gradient(rule)), x, tangent)  # the mechanism's, through the same transposes
-    np.testing.assert_array_equal(anchor.numpy(), [np.nan, 1.0, 0.5])
+    x, tangent = tf.constant([0.0, 1.0, 2.0, -1.0]), tf.constant([1.0, 2.0, 1.0, 1.0])
+    gradient = tf.function(lambda x: vjp(sgm.custom_gradient(rule, order=2), x))
+    np.testing.assert_allclose(jvp(gradient, x, tangent).numpy(), [0.0, -2.0, -0.25, 0.0], rtol=1e-6, atol=0)
+    anchor = tf.function(lambda x: vjp(tf.custom_gradient(rule), x))
+    np.testing.assert_allclose(jvp(anchor, x, tangent).numpy(), [0.0, -2.0, -0.25, 0.0], rtol=1e-6, atol=0)
+    assert np.isnan(jvp(tf.function(tf.custom_gradient(rule)), x, tangent).numpy()[0])  # its first derivative
