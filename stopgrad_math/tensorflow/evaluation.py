@@ -219,9 +219,13 @@ class Probe:
 
     def masks_a_select(self) -> bool:
         """Whether grad_fn's transpose masks a select's discarded elements (``masked_selects``): its J·v, formed
-        once while tracing (ops no output reads, which the graph's optimizer drops), masked an op."""
+        once while tracing (ops no output reads, which the graph's optimizer drops), masked an op; False where it
+        cannot be formed (the backward is then grad_fn's ops, as before)."""
         if not self.masked and self.connected:
-            self.transposed(self.connected, [tf.zeros_like(g.values) for g in self.connected])
+            try:
+                self.transposed(self.connected, [tf.zeros_like(g.values) for g in self.connected])
+            except Untransposable:
+                return False
         return self.masked
 
     def transposed_back(self, upstreams: dict[int, tf.Tensor]) -> list[Gradient]:
