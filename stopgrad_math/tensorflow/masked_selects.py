@@ -42,6 +42,7 @@ _SELECTS = frozenset({"Select", "SelectV2"})
 _SCALING = {"Mul": 0.0, "RealDiv": 1.0, "Div": 1.0}  # the coefficient that stands in where the select discards
 _CARRYING = {"Mul": (0, 1), "RealDiv": (0,), "Div": (0,)}  # the operands that may carry the cotangent (not a divisor)
 _PASSING = frozenset({"Neg", "Cast", "Identity", "AddV2", "Add", "Sub"})
+_MASKABLE = _SELECTS | _PASSING | frozenset(_SCALING)  # the ops whose result a mask is carried to
 
 
 _SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike", "BroadcastGradientArgs"})
@@ -168,7 +169,7 @@ def _mask(state: _Transpose, tensor: Any, mask: tf.Tensor, out: tf.Tensor) -> No
             or tensor.ref() in state.results:  # (a tape keeps None for an input it needs no value of)
         return
     producer = state.ops.producers.get(tensor.ref())
-    if producer is None or producer[0] not in _SELECTS | _PASSING | set(_SCALING) \
+    if producer is None or producer[0] not in _MASKABLE \
             or state.ops.made.get(_key(*producer)) != 1:
         return
     kept = _kept_by_every_reader(state, tensor, _onto(mask, out, tensor))
@@ -209,7 +210,6 @@ def _scaled(op_type: str, op: Any, grad: tf.Tensor, result: list[Any], mask: tf.
     coefficient replaced there (the double where), so that no derivative of them meets it either. ``mask`` is over
     the op's result (``grad``'s shape); an operand broadcast into it gets the masked gradient summed back, as
     TensorFlow sums it."""
-    out = grad
     for index in _CARRYING[op_type]:
         operand = op.inputs[index]
         if result[index] is None or not isinstance(operand, tf.Tensor) \
@@ -219,8 +219,8 @@ def _scaled(op_type: str, op: Any, grad: tf.Tensor, result: list[Any], mask: tf.
         coefficient = tf.where(mask, coefficient, tf.cast(_SCALING[op_type], coefficient.dtype))
         product = grad * coefficient if op_type == "Mul" else grad / coefficient
         masked = tf.where(mask, product, tf.zeros([], product.dtype))
-        if not _same_shape(operand, out):
-            masked = tf.reshape(tf.reduce_sum(masked, _broadcast_axes(operand, out), keepdims=True),
+        if not _same_shape(operand, grad):
+            masked = tf.reshape(tf.reduce_sum(masked, _broadcast_axes(operand, grad), keepdims=True),
                                 tf.shape(operand))
         result[index] = masked
     return tuple(result)

@@ -993,10 +993,11 @@ def _jax_broadcast_predicates_unmasked(original):
     """JAX masking a select only where its own predicate is made before the quotient (issue 77): ``jnp.where``
     broadcasts a condition of one element a row after the quotient it selects, and a row normalization's VJP gives
     NaN in forward mode at a zero row."""
+    import stopgrad_math.jax.masked_selects as masked_selects_jax
+
     class Graph(original):
         def mask(self, predicate, case, count):
             return masked_selects_jax._Mask(predicate, case, count)
-    import stopgrad_math.jax.masked_selects as masked_selects_jax
     return Graph
 
 
